@@ -1,0 +1,97 @@
+"""Command line of the offline side: `python -m model_export <command>` (or `mt-export`).
+
+Every bad input ends with one line on stderr that says what is wrong and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from model_export.config import ConfigError, TransformerConfig
+from model_export.errors import ExportError
+from service.errors import ModelFolderError
+
+EXIT_BAD_INPUT = 2
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+    import torch
+
+    from model_export import checkpoint
+    from model_export.model import Transformer
+    from model_export.params import format_table
+
+    if args.checkpoint:
+        cfg = checkpoint.load(args.checkpoint).config
+    else:
+        cfg = TransformerConfig(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, share_embeddings=True)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    print(format_table(model))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from model_export import checkpoint
+    from model_export.export import export_folder
+
+    ckpt = checkpoint.load(args.checkpoint)
+    name = args.name or ckpt.provenance.get("name") or f"{ckpt.source_language}-{'-'.join(ckpt.target_languages)}"
+    folder = export_folder(ckpt, args.out, name=name, version=args.version)
+    print(f"wrote {folder}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from model_export import checkpoint
+    from model_export.verify import verify_folder
+
+    report = verify_folder(args.model_dir, checkpoint.load(args.checkpoint), args.variant)
+    print(report.summary(args.tolerance))
+    if report.max_abs_diff > args.tolerance or not report.ok:
+        raise ExportError(f"{args.model_dir} does not reproduce {args.checkpoint}: {report.summary(args.tolerance)}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m model_export", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    params = sub.add_parser("params", help="print a model's parameter count by part")
+    params.add_argument("--checkpoint", type=Path, help="count this checkpoint's model")
+    params.add_argument(
+        "--vocab", type=int, default=37000, help="without --checkpoint: the paper's base model, shared vocab"
+    )
+    params.set_defaults(run=cmd_params)
+
+    export = sub.add_parser("export", help="write a model folder (ONNX graphs, tokenizer, manifest) from a checkpoint")
+    export.add_argument("--checkpoint", type=Path, required=True)
+    export.add_argument("--out", type=Path, required=True, help="the model folder to write")
+    export.add_argument("--name", help="model name in the manifest (default: from the checkpoint)")
+    export.add_argument("--version", default="1.0.0")
+    export.set_defaults(run=cmd_export)
+
+    verify = sub.add_parser("verify", help="check a model folder against the checkpoint it was exported from")
+    verify.add_argument("--checkpoint", type=Path, required=True)
+    verify.add_argument("--model-dir", type=Path, required=True)
+    verify.add_argument("--variant", help="graph variant to check (default: the manifest's default)")
+    verify.add_argument("--tolerance", type=float, default=1e-4)
+    verify.set_defaults(run=cmd_verify)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ExportError, ModelFolderError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Writes a model folder from a checkpoint: the two ONNX graphs, the tokenizer files and manifest.json.
+
+The manifest is the only contract with the server: config, special ids, languages, tokenizer,
+every graph input and output (from `graph_io`), file checksums and provenance.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from model_export import graph_io
+from model_export.checkpoint import Checkpoint
+from model_export.errors import ExportError
+from model_export.onnx_graphs import build_decoder_step, build_encoder
+from service.model_folder import FORMAT, MANIFEST, sha256_of
+
+ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder_step.onnx"
+
+
+def graph_entry(file: str, inputs: list[graph_io.TensorSpec], outputs: list[graph_io.TensorSpec]) -> dict:
+    return {"file": file, "inputs": [s.to_dict() for s in inputs], "outputs": [s.to_dict() for s in outputs]}
+
+
+def variant_entry(checkpoint: Checkpoint, precision: str, encoder_file: str, decoder_file: str) -> dict:
+    cfg = checkpoint.config
+    return {
+        "precision": precision,
+        "encoder": graph_entry(encoder_file, graph_io.encoder_inputs(cfg), graph_io.encoder_outputs(cfg)),
+        "decoder_step": graph_entry(decoder_file, graph_io.decoder_inputs(cfg), graph_io.decoder_outputs(cfg)),
+    }
+
+
+def file_entries(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    return {name: {"sha256": sha256_of(folder / name), "bytes": (folder / name).stat().st_size} for name in names}
+
+
+def build_manifest(checkpoint: Checkpoint, folder: Path, name: str, version: str, variants: dict) -> dict:
+    cfg, tok = checkpoint.config, checkpoint.tokenizer
+    files = sorted(set(tok.files) | {v[g]["file"] for v in variants.values() for g in ("encoder", "decoder_step")})
+    return {
+        "format": FORMAT,
+        "format_version": graph_io.FORMAT_VERSION,
+        "name": name,
+        "version": version,
+        "source_language": checkpoint.source_language,
+        "target_languages": checkpoint.target_languages,
+        "config": cfg.to_dict(),
+        "special_ids": {"pad": cfg.pad_id, "decoder_start": cfg.decoder_start_id, "eos": cfg.eos_id, "unk": cfg.unk_id},
+        "tokenizer": {
+            "kind": "sentencepiece",
+            "source_model": tok.source_model,
+            "target_model": tok.target_model,
+            "vocabulary": tok.vocabulary,
+            "append_eos": tok.append_eos,
+            "target_tokens": tok.target_tokens,
+        },
+        "opset": graph_io.OPSET,
+        "variants": variants,
+        "default_variant": "int8" if "int8" in variants else "fp32",
+        "files": file_entries(folder, files),
+        "provenance": {
+            **checkpoint.provenance,
+            "exported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "exporter": {"torch": torch.__version__, "onnx": onnx.__version__},
+        },
+    }
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def export_folder(checkpoint: Checkpoint, folder: Path, name: str, version: str) -> Path:
+    """Checkpoint -> folder with encoder.onnx, decoder_step.onnx, tokenizer files and manifest.json (fp32)."""
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"{folder} exists and is not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    model = checkpoint.build_model()
+    with torch.no_grad():
+        onnx.save(build_encoder(model), folder / ENCODER_FILE)
+        onnx.save(build_decoder_step(model), folder / DECODER_FILE)
+    for file_name, content in checkpoint.tokenizer.files.items():
+        (folder / file_name).write_bytes(content)
+    variants = {"fp32": variant_entry(checkpoint, "fp32", ENCODER_FILE, DECODER_FILE)}
+    write_manifest(folder, build_manifest(checkpoint, folder, name, version, variants))
+    return folder

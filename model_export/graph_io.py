@@ -1,0 +1,95 @@
+"""The graph contract: every input and output of the encoder and step-decoder graphs, in one place.
+
+The ONNX builder declares its graphs from these specs and the manifest records them, so the
+server reads names, roles, shapes and dtypes from the model folder and hard-codes none of them.
+
+Encoder (once per sentence):
+    src_ids      (batch, src_len)              int64  source token ids, right-padded with pad_id
+    src_mask     (batch, src_len)              bool   True on real tokens
+ -> cross_key_i  (batch, n_heads, head_dim, src_len)  float32  per decoder layer i, keys transposed
+    cross_value_i (batch, n_heads, src_len, head_dim) float32
+
+Step decoder (once per generated token; rows may be at different steps):
+    input_ids    (batch,)                      int64  the previous token of each row
+    positions    (batch,)                      int64  that token's position in its row's target
+    self_key_i   (batch, n_heads, head_dim, cache_len)  float32  earlier steps' keys, transposed
+    self_value_i (batch, n_heads, cache_len, head_dim)  float32
+    self_mask    (batch, cache_len)            bool   True where a cache slot holds an earlier step
+    cross_key_i, cross_value_i, src_mask       as the encoder gave them (rows may repeat per beam)
+ -> log_probs    (batch, tgt_vocab)            float32  log-softmax of the next token
+    step_keys    (n_decoder_layers, batch, n_heads, head_dim)  float32  this step's keys
+    step_values  (n_decoder_layers, batch, n_heads, head_dim)  float32  this step's values
+
+The updated self-attention cache is the old one plus this step's keys and values at the next slot;
+the graph returns only the new entries so that the caller appends them in place into its own
+preallocated buffer: no step copies the whole cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from model_export.config import TransformerConfig
+
+FORMAT_VERSION = 1
+OPSET = 17
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    role: str
+    dtype: str  # numpy dtype name: "int64", "bool", "float32"
+    shape: tuple[str | int, ...]  # str: a symbolic (dynamic) axis; int: fixed by the config
+    layer: int | None = None  # the decoder layer a per-layer tensor belongs to
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["shape"] = list(self.shape)
+        if self.layer is None:
+            del data["layer"]
+        return data
+
+
+def _cross_specs(cfg: TransformerConfig) -> list[TensorSpec]:
+    h, dh = cfg.n_heads, cfg.head_dim
+    specs = []
+    for i in range(cfg.n_decoder_layers):
+        specs.append(TensorSpec(f"cross_key_{i}", "cross_key", "float32", ("batch", h, dh, "src_len"), i))
+        specs.append(TensorSpec(f"cross_value_{i}", "cross_value", "float32", ("batch", h, "src_len", dh), i))
+    return specs
+
+
+def encoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
+    return [
+        TensorSpec("src_ids", "src_ids", "int64", ("batch", "src_len")),
+        TensorSpec("src_mask", "src_mask", "bool", ("batch", "src_len")),
+    ]
+
+
+def encoder_outputs(cfg: TransformerConfig) -> list[TensorSpec]:
+    return _cross_specs(cfg)
+
+
+def decoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
+    h, dh = cfg.n_heads, cfg.head_dim
+    specs = [
+        TensorSpec("input_ids", "input_ids", "int64", ("batch",)),
+        TensorSpec("positions", "positions", "int64", ("batch",)),
+    ]
+    for i in range(cfg.n_decoder_layers):
+        specs.append(TensorSpec(f"self_key_{i}", "self_key", "float32", ("batch", h, dh, "cache_len"), i))
+        specs.append(TensorSpec(f"self_value_{i}", "self_value", "float32", ("batch", h, "cache_len", dh), i))
+    specs.append(TensorSpec("self_mask", "self_mask", "bool", ("batch", "cache_len")))
+    specs += _cross_specs(cfg)
+    specs.append(TensorSpec("src_mask", "src_mask", "bool", ("batch", "src_len")))
+    return specs
+
+
+def decoder_outputs(cfg: TransformerConfig) -> list[TensorSpec]:
+    per_layer = (cfg.n_decoder_layers, "batch", cfg.n_heads, cfg.head_dim)
+    return [
+        TensorSpec("log_probs", "log_probs", "float32", ("batch", cfg.tgt_vocab_size)),
+        TensorSpec("step_keys", "step_keys", "float32", per_layer),
+        TensorSpec("step_values", "step_values", "float32", per_layer),
+    ]

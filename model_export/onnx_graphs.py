@@ -1,0 +1,231 @@
+"""Builds the encoder and step-decoder ONNX graphs node by node from a PyTorch `Transformer`'s weights.
+
+The graphs are written directly (no tracing), so their structure is chosen, not inherited: fused
+Q/K/V projections, 1/sqrt(d_k) folded into W_Q, keys stored transposed, and a step decoder that
+never copies its cache. The contract itself (names, shapes, dtypes) lives in `graph_io`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from model_export import graph_io
+from model_export.config import TransformerConfig
+from model_export.graph_io import TensorSpec
+from model_export.model import DecoderLayer, EncoderLayer, MultiHeadAttention, Transformer
+
+MASKED = float(np.finfo(np.float32).min)  # the score of a key that must not be attended
+DTYPES = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).cpu().numpy()
+
+
+class GraphBuilder:
+    """A thin recorder of ONNX nodes and initializers with generated, readable value names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def _fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(np.array(value, order="C"), name))
+        return name
+
+    def ints(self, values: Sequence[int]) -> str:
+        return self.const(self._fresh("ints"), np.asarray(values, dtype=np.int64))
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: object) -> str:
+        output = out or self._fresh(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output], **attrs))
+        return output
+
+    def ops(self, op_type: str, *inputs: str, n_out: int, **attrs: object) -> list[str]:
+        outputs = [self._fresh(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, **attrs))
+        return outputs
+
+    def model(self, name: str, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            self.nodes, name, [_value_info(s) for s in inputs], [_value_info(s) for s in outputs], self.initializers
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", graph_io.OPSET)])
+        model.ir_version = 8  # readable by onnxruntime >= 1.14
+        model.producer_name = "model_export"
+        return model
+
+    # -- the model's building blocks -------------------------------------------------------------
+
+    def linear(self, x: str, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> str:
+        """x @ W^T + b, with W^T stored once at export time: (..., in) -> (..., out)."""
+        y = self.op("MatMul", x, self.const(f"{name}.weight_t", _np(weight).T))
+        return y if bias is None else self.op("Add", y, self.const(f"{name}.bias", _np(bias)))
+
+    def layer_norm(self, x: str, norm: torch.nn.LayerNorm, name: str) -> str:
+        scale, bias = self.const(f"{name}.weight", _np(norm.weight)), self.const(f"{name}.bias", _np(norm.bias))
+        return self.op("LayerNormalization", x, scale, bias, axis=-1, epsilon=norm.eps)  # (..., D)
+
+    def activation(self, x: str, kind: str) -> str:
+        if kind == "relu":
+            return self.op("Relu", x)
+        if kind == "swish":
+            return self.op("Mul", x, self.op("Sigmoid", x))
+        half = self.const(self._fresh("half"), np.float32(0.5))
+        one = self.const(self._fresh("one"), np.float32(1.0))
+        erf = self.op("Erf", self.op("Mul", x, self.const(self._fresh("rsqrt2"), np.float32(1 / math.sqrt(2)))))
+        return self.op("Mul", self.op("Mul", x, half), self.op("Add", erf, one))  # exact (erf) GELU
+
+    def feed_forward(self, x: str, layer: EncoderLayer | DecoderLayer, kind: str, name: str) -> str:
+        ff = layer.feed_forward
+        hidden = self.activation(self.linear(x, ff.w_1.weight, ff.w_1.bias, f"{name}.w_1"), kind)  # (..., d_ff)
+        return self.linear(hidden, ff.w_2.weight, ff.w_2.bias, f"{name}.w_2")  # (..., D)
+
+    def sublayer(self, x: str, norm: torch.nn.LayerNorm, pre_norm: bool, name: str, body) -> str:  # noqa: ANN001
+        """Residual + norm around `body`: post-norm LN(x + f(x)) or pre-norm x + f(LN(x))."""
+        if pre_norm:
+            return self.op("Add", x, body(self.layer_norm(x, norm, f"{name}.norm")))
+        return self.layer_norm(self.op("Add", x, body(x)), norm, f"{name}.norm")
+
+    def fused_qkv(self, x: str, attn: MultiHeadAttention, name: str, parts: str) -> list[str]:
+        """One MatMul for several of Q, K, V ('qkv' or 'kv'); Q comes pre-scaled by 1/sqrt(d_k)."""
+        scale = 1.0 / math.sqrt(attn.head_dim)
+        mods = {"q": attn.w_q, "k": attn.w_k, "v": attn.w_v}
+        weights = [_np(mods[p].weight) * (scale if p == "q" else 1.0) for p in parts]
+        w = self.const(f"{name}.w_{parts}_t", np.concatenate(weights, axis=0).T)  # (D, n*D)
+        y = self.op("MatMul", x, w)  # (..., n*D)
+        if attn.w_q.bias is not None:
+            biases = [_np(mods[p].bias) * (scale if p == "q" else 1.0) for p in parts]
+            y = self.op("Add", y, self.const(f"{name}.b_{parts}", np.concatenate(biases)))
+        d = attn.n_heads * attn.head_dim
+        return self.ops("Split", y, self.ints([d] * len(parts)), n_out=len(parts), axis=-1)
+
+
+def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(spec.name, DTYPES[spec.dtype], list(spec.shape))
+
+
+def _heads(g: GraphBuilder, x: str, cfg: TransformerConfig, perm: list[int]) -> str:
+    """(B, T, D) -> (B, T, H, Dh) -> transposed by `perm`."""
+    split = g.op("Reshape", x, g.ints([0, 0, cfg.n_heads, cfg.head_dim]))  # (B, T, H, Dh)
+    return g.op("Transpose", split, perm=perm)
+
+
+def _encoder_self_attention(g: GraphBuilder, x: str, attn: MultiHeadAttention, mask4: str, cfg, name: str) -> str:
+    q, k, v = g.fused_qkv(x, attn, name, "qkv")  # (B, S, D) each
+    q = _heads(g, q, cfg, [0, 2, 1, 3])  # (B, H, S, Dh)
+    kt = _heads(g, k, cfg, [0, 2, 3, 1])  # (B, H, Dh, S)
+    v = _heads(g, v, cfg, [0, 2, 1, 3])  # (B, H, S, Dh)
+    scores = g.op("Where", mask4, g.op("MatMul", q, kt), "masked")  # (B, H, S, S)
+    context = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)  # (B, H, S, Dh)
+    merged = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), g.ints([0, 0, cfg.d_model]))  # (B, S, D)
+    return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, S, D)
+
+
+def build_encoder(model: Transformer) -> onnx.ModelProto:
+    """src_ids (B, S), src_mask (B, S) -> cross_key_i (B, H, Dh, S), cross_value_i (B, H, S, Dh)."""
+    cfg, g = model.cfg, GraphBuilder()
+    pre_norm = cfg.norm_position == "pre"
+    g.const("masked", np.float32(MASKED))
+    src_len = g.op("Squeeze", g.op("Slice", g.op("Shape", "src_ids"), g.ints([1]), g.ints([2])), g.ints([0]))
+    zero, one = g.const("zero", np.int64(0)), g.const("one", np.int64(1))
+    positions = g.op("Range", zero, src_len, one)  # (S,)
+    table = g.const("positions.table", _np(model.positions.table))  # (P, D)
+    embedded = g.op("Gather", g.const("src_embed.lut", _np(model.src_embed.lut.weight)), "src_ids")  # (B, S, D)
+    scaled = g.op("Mul", embedded, g.const("src_embed.scale", np.float32(model.src_embed.scale)))
+    x = g.op("Add", scaled, g.op("Gather", table, positions))  # (B, S, D)
+    mask4 = g.op("Unsqueeze", "src_mask", g.ints([1, 2]))  # (B, 1, 1, S)
+    for i, layer in enumerate(model.encoder.layers):
+        name = f"encoder.{i}"
+        x = g.sublayer(
+            x, layer.sublayer[0].norm, pre_norm, f"{name}.0",
+            lambda y, layer=layer, name=name: _encoder_self_attention(g, y, layer.self_attn, mask4, cfg, name),
+        )  # (B, S, D)
+        x = g.sublayer(
+            x, layer.sublayer[1].norm, pre_norm, f"{name}.1",
+            lambda y, layer=layer, name=name: g.feed_forward(y, layer, cfg.activation, name),
+        )  # (B, S, D)
+    memory = g.layer_norm(x, model.encoder.norm, "encoder.norm") if pre_norm else x  # (B, S, D)
+    for i, layer in enumerate(model.decoder.layers):
+        k, v = g.fused_qkv(memory, layer.cross_attn, f"decoder.{i}.cross", "kv")  # (B, S, D) each
+        g.op("Identity", _heads(g, k, cfg, [0, 2, 3, 1]), out=f"cross_key_{i}")  # (B, H, Dh, S)
+        g.op("Identity", _heads(g, v, cfg, [0, 2, 1, 3]), out=f"cross_value_{i}")  # (B, H, S, Dh)
+    return g.model("encoder", graph_io.encoder_inputs(cfg), graph_io.encoder_outputs(cfg))
+
+
+def _step_self_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: int, cfg, news: list) -> str:
+    """Attends to the cached steps and to itself without concatenating the cache: two score blocks."""
+    h, dh, name = cfg.n_heads, cfg.head_dim, f"decoder.{i}.self"
+    q, k, v = g.fused_qkv(y, attn, name, "qkv")  # (B, D) each
+    q4 = g.op("Reshape", q, g.ints([-1, h, 1, dh]))  # (B, H, 1, Dh)
+    k_new = g.op("Reshape", k, g.ints([-1, h, dh]))  # (B, H, Dh)
+    v_new = g.op("Reshape", v, g.ints([-1, h, 1, dh]))  # (B, H, 1, Dh)
+    news.append((k_new, g.op("Reshape", v, g.ints([-1, h, dh]))))  # (B, H, Dh) each: this step's entry
+    past = g.op("MatMul", q4, f"self_key_{i}")  # (B, H, 1, T)
+    past = g.op("Where", "self_mask4", past, "masked")  # (B, H, 1, T)
+    own = g.op("ReduceSum", g.op("Mul", q4, g.op("Unsqueeze", k_new, g.ints([2]))), g.ints([-1]), keepdims=1)
+    weights = g.op("Softmax", g.op("Concat", past, own, axis=-1), axis=-1)  # (B, H, 1, T+1)
+    w_past = g.op("Slice", weights, g.ints([0]), g.ints([-1]), g.ints([3]))  # (B, H, 1, T)
+    w_own = g.op("Slice", weights, g.ints([-1]), g.ints([np.iinfo(np.int64).max]), g.ints([3]))  # (B, H, 1, 1)
+    context = g.op("Add", g.op("MatMul", w_past, f"self_value_{i}"), g.op("Mul", w_own, v_new))  # (B, H, 1, Dh)
+    merged = g.op("Reshape", context, g.ints([-1, cfg.d_model]))  # (B, D)
+    return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, D)
+
+
+def _step_cross_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: int, cfg) -> str:
+    name = f"decoder.{i}.cross"
+    scale = 1.0 / math.sqrt(attn.head_dim)
+    bias = None if attn.w_q.bias is None else attn.w_q.bias * scale
+    q = g.linear(y, attn.w_q.weight * scale, bias, f"{name}.w_q")  # (B, D)
+    q4 = g.op("Reshape", q, g.ints([-1, cfg.n_heads, 1, cfg.head_dim]))  # (B, H, 1, Dh)
+    scores = g.op("Where", "src_mask4", g.op("MatMul", q4, f"cross_key_{i}"), "masked")  # (B, H, 1, S)
+    context = g.op("MatMul", g.op("Softmax", scores, axis=-1), f"cross_value_{i}")  # (B, H, 1, Dh)
+    merged = g.op("Reshape", context, g.ints([-1, cfg.d_model]))  # (B, D)
+    return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, D)
+
+
+def build_decoder_step(model: Transformer) -> onnx.ModelProto:
+    """One token per row with the KV cache -> log_probs (B, V), step_keys/step_values (L, B, H, Dh)."""
+    cfg, g = model.cfg, GraphBuilder()
+    pre_norm = cfg.norm_position == "pre"
+    g.const("masked", np.float32(MASKED))
+    g.op("Unsqueeze", "self_mask", g.ints([1, 2]), out="self_mask4")  # (B, 1, 1, T)
+    g.op("Unsqueeze", "src_mask", g.ints([1, 2]), out="src_mask4")  # (B, 1, 1, S)
+    embedded = g.op("Gather", g.const("tgt_embed.lut", _np(model.tgt_embed.lut.weight)), "input_ids")  # (B, D)
+    scaled = g.op("Mul", embedded, g.const("tgt_embed.scale", np.float32(model.tgt_embed.scale)))
+    x = g.op("Add", scaled, g.op("Gather", g.const("positions.table", _np(model.positions.table)), "positions"))
+    news: list[tuple[str, str]] = []
+    for i, layer in enumerate(model.decoder.layers):
+        name = f"decoder.{i}"
+        x = g.sublayer(
+            x, layer.sublayer[0].norm, pre_norm, f"{name}.0",
+            lambda y, layer=layer, i=i: _step_self_attention(g, y, layer.self_attn, i, cfg, news),
+        )  # (B, D)
+        x = g.sublayer(
+            x, layer.sublayer[1].norm, pre_norm, f"{name}.1",
+            lambda y, layer=layer, i=i: _step_cross_attention(g, y, layer.cross_attn, i, cfg),
+        )  # (B, D)
+        x = g.sublayer(
+            x, layer.sublayer[2].norm, pre_norm, f"{name}.2",
+            lambda y, layer=layer, name=name: g.feed_forward(y, layer, cfg.activation, name),
+        )  # (B, D)
+    if pre_norm:
+        x = g.layer_norm(x, model.decoder.norm, "decoder.norm")  # (B, D)
+    generator = model.generator
+    logits = g.linear(x, generator.proj.weight, generator.logits_bias, "generator")  # (B, V)
+    g.op("LogSoftmax", logits, axis=-1, out="log_probs")  # (B, V)
+    for out, column in (("step_keys", 0), ("step_values", 1)):
+        stacked = [g.op("Unsqueeze", pair[column], g.ints([0])) for pair in news]  # (1, B, H, Dh) each
+        g.op("Concat", *stacked, axis=0, out=out)  # (L, B, H, Dh)
+    return g.model("decoder_step", graph_io.decoder_inputs(cfg), graph_io.decoder_outputs(cfg))

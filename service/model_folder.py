@@ -1,0 +1,226 @@
+"""Reads and checks a model folder: its manifest (the only contract with model_export), the
+checksums of its files, and that each graph's inputs and outputs are those the manifest declares.
+
+Knows the folder layout and the manifest schema; knows nothing of sessions, requests or text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from service.errors import ModelFolderError
+
+MANIFEST = "manifest.json"
+FORMAT = "transformer-mt-model"
+FORMAT_VERSION = 1
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(bool)": "bool"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    name: str
+    role: str
+    dtype: Literal["float32", "int64", "bool"]
+    shape: list[str | int]
+    layer: int | None = None
+
+
+class GraphSpec(_Strict):
+    file: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    def named(self, role: str) -> list[str]:
+        """Names of the tensors with this role, in layer order."""
+        found = [s for s in self.inputs + self.outputs if s.role == role]
+        return [s.name for s in sorted(found, key=lambda s: -1 if s.layer is None else s.layer)]
+
+    def one(self, role: str) -> str:
+        names = self.named(role)
+        if len(names) != 1:
+            raise ModelFolderError(f"{self.file}: the manifest declares {len(names)} tensors with role {role!r}")
+        return names[0]
+
+
+class VariantSpec(_Strict):
+    precision: str
+    encoder: GraphSpec
+    decoder_step: GraphSpec
+
+
+class TokenizerSpec(_Strict):
+    kind: Literal["sentencepiece"]
+    source_model: str
+    target_model: str
+    vocabulary: str | None = None
+    append_eos: bool = True
+    target_tokens: dict[str, str] = {}
+
+
+class Architecture(BaseModel):
+    """The fields of the model config the server uses; the manifest keeps all of them."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int
+    n_heads: int
+    n_encoder_layers: int
+    n_decoder_layers: int
+    max_positions: int
+    pad_id: int
+    decoder_start_id: int
+    eos_id: int
+    unk_id: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+class SpecialIds(_Strict):
+    pad: int
+    decoder_start: int
+    eos: int
+    unk: int
+
+
+class FileEntry(_Strict):
+    sha256: str
+    bytes: int
+
+
+class Manifest(_Strict):
+    format: Literal["transformer-mt-model"]
+    format_version: int
+    name: str
+    version: str
+    source_language: str
+    target_languages: list[str]
+    config: Architecture
+    special_ids: SpecialIds
+    tokenizer: TokenizerSpec
+    opset: int
+    variants: dict[str, VariantSpec]
+    default_variant: str
+    files: dict[str, FileEntry]
+    provenance: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version} is not {FORMAT_VERSION}, the one this server reads")
+        if self.default_variant not in self.variants:
+            raise ValueError(f"default_variant {self.default_variant!r} is not among variants {sorted(self.variants)}")
+        cfg, ids = self.config, self.special_ids
+        if (ids.pad, ids.decoder_start, ids.eos, ids.unk) != (cfg.pad_id, cfg.decoder_start_id, cfg.eos_id, cfg.unk_id):
+            raise ValueError("special_ids disagree with the config's pad/decoder_start/eos/unk ids")
+        missing = sorted(set(self.referenced_files()) - set(self.files))
+        if missing:
+            raise ValueError(f"files referenced but not listed with a checksum: {', '.join(missing)}")
+        return self
+
+    def referenced_files(self) -> list[str]:
+        tok = self.tokenizer
+        names = [tok.source_model, tok.target_model] + ([tok.vocabulary] if tok.vocabulary else [])
+        for variant in self.variants.values():
+            names += [variant.encoder.file, variant.decoder_step.file]
+        return names
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    path: Path
+    manifest: Manifest
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def variant(self, name: str | None = None) -> VariantSpec:
+        chosen = name or self.manifest.default_variant
+        if chosen not in self.manifest.variants:
+            raise ModelFolderError(f"{self.path}: no variant {chosen!r}; it has {sorted(self.manifest.variants)}")
+        return self.manifest.variants[chosen]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_model_folder(path: Path, verify_checksums: bool = True) -> ModelFolder:
+    """Parse and check a folder; every problem is a ModelFolderError naming the file and what is wrong."""
+    if not path.is_dir():
+        raise ModelFolderError(f"model folder not found: {path}")
+    manifest = _read_manifest(path / MANIFEST)
+    for name, entry in manifest.files.items():
+        _check_file(path, name, entry, verify_checksums)
+    return ModelFolder(path, manifest)
+
+
+def _read_manifest(path: Path) -> Manifest:
+    if not path.is_file():
+        raise ModelFolderError(f"{path}: missing manifest")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelFolderError(f"{path}: not valid JSON ({error})") from None
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "manifest"
+        raise ModelFolderError(f"{path}: {where}: {first['msg']}") from None
+
+
+def _check_file(folder: Path, name: str, entry: FileEntry, verify_checksum: bool) -> None:
+    path = folder / name
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ModelFolderError(f"{folder / MANIFEST}: file name {name!r} leaves the model folder")
+    if not path.is_file():
+        raise ModelFolderError(f"{path}: missing (listed in {MANIFEST})")
+    size = path.stat().st_size
+    if size != entry.bytes:
+        raise ModelFolderError(f"{path}: {size} bytes, the manifest says {entry.bytes} (truncated or replaced)")
+    if verify_checksum and sha256_of(path) != entry.sha256:
+        raise ModelFolderError(f"{path}: checksum mismatch (sha256 differs from the manifest): the file was altered")
+
+
+class NodeArg(Protocol):
+    """What an ONNX Runtime session reports of one input or output."""
+
+    name: str
+    type: str
+    shape: list[Any]
+
+
+def check_graph_io(graph: GraphSpec, inputs: Iterable[NodeArg], outputs: Iterable[NodeArg], where: Path) -> None:
+    """The graph's real inputs and outputs must be the manifest's: same names, dtypes and ranks."""
+    for declared, actual, kind in ((graph.inputs, list(inputs), "input"), (graph.outputs, list(outputs), "output")):
+        real = {arg.name: arg for arg in actual}
+        if set(real) != {s.name for s in declared}:
+            extra = sorted(set(real) - {s.name for s in declared})
+            absent = sorted({s.name for s in declared} - set(real))
+            raise ModelFolderError(
+                f"{where}: {kind}s do not match the manifest (graph only: {extra}; manifest only: {absent})"
+            )
+        for spec in declared:
+            arg = real[spec.name]
+            if ORT_DTYPES.get(arg.type) != spec.dtype or len(arg.shape) != len(spec.shape):
+                raise ModelFolderError(
+                    f"{where}: {kind} {spec.name} is {arg.type} of rank {len(arg.shape)} in the graph, "
+                    f"{spec.dtype} of rank {len(spec.shape)} in the manifest"
+                )

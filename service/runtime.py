@@ -1,0 +1,118 @@
+"""Runs a model folder's two graphs with ONNX Runtime: `encode` once per sentence, `step` once per token.
+
+Input and output names come from the manifest's roles; buffers come from the DecoderCache. It knows
+nothing of requests, searches or batching policy: the scheduler decides which rows run.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import onnxruntime as ort
+
+from service.errors import ModelFolderError
+from service.kv_cache import DecoderCache
+from service.model_folder import GraphSpec, ModelFolder, check_graph_io
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    intra_op_threads: int = 0  # 0: one per core the process may use
+    inter_op_threads: int = 1
+    allow_spinning: bool = False  # busy-waiting threads fight every other thread on a small CPU
+
+
+class Memory(NamedTuple):
+    """The encoder's output for b sentences: cross-attention keys and values of every decoder layer."""
+
+    keys: np.ndarray  # (L, b, H, Dh, S)
+    values: np.ndarray  # (L, b, H, S, Dh)
+
+
+class StepOutput(NamedTuple):
+    log_probs: np.ndarray  # (B, V)
+    step_keys: np.ndarray  # (L, B, H, Dh)
+    step_values: np.ndarray  # (L, B, H, Dh)
+
+
+class Runtime(Protocol):
+    """What the decoding loop needs from a model; tests substitute a fake."""
+
+    n_layers: int
+    n_heads: int
+    head_dim: int
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory: ...
+
+    def step(self, input_ids: np.ndarray, cache: DecoderCache) -> StepOutput: ...
+
+
+def usable_providers(requested: tuple[str, ...]) -> list[str]:
+    """The requested providers this onnxruntime build has, CPU last as the fallback."""
+    available = set(ort.get_available_providers())
+    chosen = [p for p in requested if p in available]
+    for missing in (p for p in requested if p not in available):
+        log.warning("execution provider %s is not available in this onnxruntime build; skipping it", missing)
+    if "CPUExecutionProvider" not in chosen:
+        chosen.append("CPUExecutionProvider")
+    return chosen
+
+
+def open_session(folder: ModelFolder, graph: GraphSpec, settings: SessionSettings) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.inter_op_num_threads = settings.inter_op_threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "1" if settings.allow_spinning else "0")
+    path = folder.file(graph.file)
+    try:
+        session = ort.InferenceSession(str(path), options, providers=usable_providers(settings.providers))
+    except Exception as error:  # noqa: BLE001 - ORT raises several unrelated types for a bad file
+        raise ModelFolderError(f"{path}: ONNX Runtime cannot load it: {str(error).splitlines()[0]}") from None
+    check_graph_io(graph, session.get_inputs(), session.get_outputs(), path)
+    return session
+
+
+class OnnxRuntime:
+    def __init__(self, folder: ModelFolder, variant: str | None = None, settings: SessionSettings | None = None):
+        settings = settings or SessionSettings()
+        spec = folder.variant(variant)
+        cfg = folder.manifest.config
+        self.n_layers, self.n_heads, self.head_dim = cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim
+        self.encoder = open_session(folder, spec.encoder, settings)
+        self.decoder = open_session(folder, spec.decoder_step, settings)
+        self.providers = self.decoder.get_providers()
+        enc, dec = spec.encoder, spec.decoder_step
+        self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
+        self._enc_out = enc.named("cross_key") + enc.named("cross_value")
+        self._dec_in = {role: dec.named(role) for role in ("self_key", "self_value", "cross_key", "cross_value")}
+        self._dec_one = {role: dec.one(role) for role in ("input_ids", "positions", "self_mask", "src_mask")}
+        self._dec_out = [dec.one("log_probs"), dec.one("step_keys"), dec.one("step_values")]
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
+        outputs = self.encoder.run(self._enc_out, dict(zip(self._enc_in, (src_ids, src_mask), strict=True)))
+        keys = np.stack(outputs[: self.n_layers])  # (L, b, H, Dh, S)
+        values = np.stack(outputs[self.n_layers :])  # (L, b, H, S, Dh)
+        return Memory(keys, values)
+
+    def step(self, input_ids: np.ndarray, cache: DecoderCache) -> StepOutput:
+        feeds = {
+            self._dec_one["input_ids"]: input_ids,  # (B,)
+            self._dec_one["positions"]: cache.lengths,  # (B,)
+            self._dec_one["self_mask"]: cache.self_mask,  # (B, T)
+            self._dec_one["src_mask"]: cache.src_mask,  # (B, S)
+        }
+        for role, buffer in (
+            ("self_key", cache.self_keys), ("self_value", cache.self_values),
+            ("cross_key", cache.cross_keys), ("cross_value", cache.cross_values),
+        ):
+            feeds.update(zip(self._dec_in[role], buffer, strict=True))  # one (B, ...) view per layer
+        log_probs, step_keys, step_values = self.decoder.run(self._dec_out, feeds)
+        return StepOutput(log_probs, step_keys, step_values)

@@ -1,0 +1,98 @@
+"""ONNX Runtime runs the exported graphs like PyTorch runs the model: log-probs within 1e-4 over
+several batch sizes, source lengths and cache lengths, with padding, rows at different steps in one
+call, post-norm and pre-norm; and the decoding loop over the graphs gives the reference's token ids."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model_export import reference
+from model_export.export import export_folder
+from model_export.verify import random_sources, same_decodings, teacher_forced_diff
+from service.kv_cache import DecoderCache
+from service.model_folder import load_model_folder
+from service.runtime import OnnxRuntime
+from tests.factories import tiny_checkpoint
+
+CONFIGS = {
+    "post-norm": {"tie_output": True, "output_bias": False},
+    "pre-norm": {"norm_position": "pre", "activation": "gelu", "sinusoid_layout": "half"},
+    "marian-like": {
+        "activation": "swish", "sinusoid_layout": "half", "output_bias": True, "layer_norm_eps": 1e-5,
+        "pad_id": 3, "decoder_start_id": 3, "eos_id": 2,
+    },
+}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def exported(request: pytest.FixtureRequest, spm_model: bytes, tmp_path_factory: pytest.TempPathFactory):
+    ckpt = tiny_checkpoint(spm_model, **CONFIGS[request.param])
+    folder = export_folder(ckpt, tmp_path_factory.mktemp(request.param) / "m", request.param, "0")
+    return ckpt.build_model(), OnnxRuntime(load_model_folder(folder))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (2, 5, 8), (4, 11, 5), (7, 16, 12)])
+def test_step_graph_matches_teacher_forcing(exported, shape: tuple[int, int, int]) -> None:
+    model, runtime = exported
+    assert teacher_forced_diff(model, runtime, shape, seed=sum(shape)) < 1e-4
+
+
+def test_rows_at_different_steps_share_one_call(exported) -> None:
+    """Rows that joined later (shorter cache, earlier positions) run in the same step call."""
+    model, runtime = exported
+    cfg = model.cfg
+    rng = np.random.default_rng(5)
+    src_ids, src_mask = random_sources(cfg, 4, 10, rng)
+    tgt = torch.from_numpy(rng.integers(4, cfg.tgt_vocab_size, size=(4, 9)))  # (B, T)
+    tgt[:, 0] = cfg.decoder_start_id
+    with torch.no_grad():
+        expected = model(src_ids, src_mask, tgt).numpy()  # (B, T, V)
+    cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
+    joins = {0: [0, 1], 3: [2], 5: [3]}  # at global step s, these sentences join
+    rows: list[int] = []
+    worst = 0.0
+    for step in range(12):
+        if step in joins:
+            memory = runtime.encode(src_ids[joins[step]].numpy(), src_mask[joins[step]].numpy())
+            cache.add(memory.keys, memory.values, src_mask[joins[step]].numpy())
+            rows += joins[step]
+        steps = cache.lengths.copy()  # each row's own position
+        active = steps < tgt.size(1)
+        cache.select(np.flatnonzero(active))
+        rows = [r for r, a in zip(rows, active, strict=True) if a]
+        if not rows:
+            break
+        out = runtime.step(tgt[rows, steps[active]].numpy(), cache)
+        cache.append(out.step_keys, out.step_values)
+        worst = max(worst, float(np.abs(out.log_probs - expected[rows, steps[active]]).max()))
+    assert worst < 1e-4
+    assert not rows or cache.lengths.max() == tgt.size(1)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_onnx_loop_gives_the_reference_ids(exported, beam_size: int) -> None:
+    model, runtime = exported
+    assert same_decodings(model, runtime, beam_size, seed=11)
+
+
+def test_reference_decoders_produce_eos_terminated_or_capped_output(exported) -> None:
+    model, _ = exported
+    src_ids, src_mask = random_sources(model.cfg, 3, 6, np.random.default_rng(0))
+    for ids in reference.greedy(model, src_ids, src_mask, 7) + reference.beam_search(model, src_ids, src_mask, 3, 7):
+        assert 1 <= len(ids) <= 7
+        assert ids[-1] == model.cfg.eos_id or len(ids) == 7
+        assert model.cfg.pad_id not in ids and model.cfg.eos_id not in ids[:-1]
+
+
+def test_graphs_declare_the_opset_and_io_of_the_manifest(model_dir: Path) -> None:
+    import onnx
+
+    folder = load_model_folder(model_dir)
+    variant = folder.variant()
+    for spec in (variant.encoder, variant.decoder_step):
+        graph = onnx.load(folder.file(spec.file))
+        assert [o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")] == [folder.manifest.opset]
+        assert [i.name for i in graph.graph.input] == [s.name for s in spec.inputs]
+        assert [o.name for o in graph.graph.output] == [s.name for s in spec.outputs]

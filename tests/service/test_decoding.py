@@ -1,0 +1,83 @@
+"""Greedy and beam search against brute force over a tiny vocabulary and a fake next-token model."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from service.decoding import BeamSearch, GreedySearch, SearchOptions, new_search
+
+VOCAB, EOS, START = 5, 0, 4
+
+
+def next_log_probs(prefix: tuple[int, ...]) -> np.ndarray:
+    """A fixed random distribution per prefix (the fake model); START is never generated."""
+    rng = np.random.default_rng(hash(prefix) % (2**32))
+    logits = rng.normal(scale=2.0, size=VOCAB)
+    logits[START] = -np.inf
+    return logits - np.logaddexp.reduce(logits)
+
+
+def run(search: GreedySearch | BeamSearch) -> None:
+    prefixes: list[tuple[int, ...]] = [()]
+    while not search.done:
+        log_probs = np.stack([next_log_probs(p) for p in prefixes])  # (rows, V)
+        parents = search.advance(log_probs)
+        if isinstance(search, BeamSearch):
+            prefixes = [tuple(int(t) for t in seq) for seq in search.sequences] if not search.done else []
+        else:
+            prefixes = [tuple(search.tokens)] * len(parents)
+
+
+def brute_force(max_len: int, length_penalty: float) -> list[tuple[float, tuple[int, ...]]]:
+    """Every complete hypothesis (ends in EOS, or reaches max_len), scored, best first."""
+    found = []
+    for length in range(1, max_len + 1):
+        for seq in itertools.product(range(VOCAB), repeat=length):
+            if START in seq or EOS in seq[:-1] or (seq[-1] != EOS and length < max_len):
+                continue
+            log_prob = sum(next_log_probs(seq[:i])[seq[i]] for i in range(length))
+            found.append((log_prob / length**length_penalty, seq))
+    return sorted(found, reverse=True)
+
+
+def test_greedy_follows_the_argmax() -> None:
+    search = GreedySearch(START, EOS, SearchOptions(max_new_tokens=6))
+    run(search)
+    expected: list[int] = []
+    while len(expected) < 6 and (not expected or expected[-1] != EOS):
+        expected.append(int(next_log_probs(tuple(expected)).argmax()))
+    assert list(search.results()[0].tokens) == expected
+
+
+@pytest.mark.parametrize("max_len", [3, 4])
+def test_wide_beam_equals_exhaustive_search(max_len: int) -> None:
+    """Without length normalisation, a beam as wide as the space finds the exact n best."""
+    options = SearchOptions(beam_size=VOCAB**max_len, max_new_tokens=max_len, length_penalty=0.0, n_best=5)
+    search = BeamSearch(START, EOS, options)
+    run(search)
+    expected = brute_force(max_len, 0.0)[:5]
+    got = [(h.score, h.tokens) for h in search.results()]
+    assert [seq for _, seq in got] == [seq for _, seq in expected]
+    assert [s for s, _ in got] == pytest.approx([s for s, _ in expected])
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
+def test_beam_returns_sorted_valid_hypotheses(length_penalty: float) -> None:
+    options = SearchOptions(beam_size=3, max_new_tokens=6, length_penalty=length_penalty, n_best=3)
+    search = BeamSearch(START, EOS, options)
+    run(search)
+    results = search.results()
+    assert len(results) == 3
+    assert [h.score for h in results] == sorted((h.score for h in results), reverse=True)
+    all_scores = dict((seq, s) for s, seq in brute_force(6, length_penalty))
+    for h in results:
+        assert h.score == pytest.approx(all_scores[h.tokens])  # scored as brute force scores it
+        assert h.score == pytest.approx(h.log_prob / len(h.tokens) ** length_penalty)
+
+
+def test_beam_is_at_least_as_good_as_greedy() -> None:
+    greedy, beam = new_search(START, EOS, SearchOptions()), new_search(START, EOS, SearchOptions(beam_size=4))
+    run(greedy)
+    run(beam)
+    assert beam.results()[0].score >= greedy.results()[0].score - 1e-12

@@ -1,0 +1,41 @@
+import numpy as np
+
+from service.kv_cache import MIN_CAPACITY, DecoderCache
+
+
+def memory(rows: int, src_len: int, fill: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    keys = np.full((2, rows, 3, 4, src_len), fill, np.float32)  # (L, b, H, Dh, S)
+    values = np.full((2, rows, 3, src_len, 4), fill, np.float32)  # (L, b, H, S, Dh)
+    return keys, values, np.ones((rows, src_len), np.bool_)
+
+
+def step(rows: int, fill: float) -> np.ndarray:
+    return np.full((2, rows, 3, 4), fill, np.float32)  # (L, B, H, Dh)
+
+
+def test_rows_join_with_longer_sources_and_append_in_their_own_slots() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(2, 5, 1.0))
+    cache.append(step(2, 10.0), step(2, 20.0))
+    cache.add(*memory(1, 8, 2.0))  # a longer source joins: the old rows are padded and masked
+    assert cache.src_mask.tolist()[0] == [True] * 5 + [False] * 3
+    cache.append(step(3, 11.0), step(3, 21.0))
+    assert cache.lengths.tolist() == [2, 2, 1]
+    assert cache.self_mask[:, :3].tolist() == [[True, True, False]] * 2 + [[True, False, False]]
+    assert cache.self_keys[0, 0, 0, 0, :2].tolist() == [10.0, 11.0]
+    assert cache.self_keys[0, 2, 0, 0, :2].tolist() == [11.0, 0.0]  # the newcomer's step 0 is in slot 0
+    assert cache.self_values[1, 2, 2, 0].tolist() == [21.0] * 4
+
+
+def test_select_reorders_and_drops_and_capacity_grows() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(3, 2, 0.0))
+    for t in range(MIN_CAPACITY + 1):
+        cache.append(step(3, float(t)), step(3, float(t)))
+    assert cache.capacity >= MIN_CAPACITY + 1 and cache.lengths.tolist() == [MIN_CAPACITY + 1] * 3
+    cache.self_keys[:, 2] = -1.0
+    cache.select(np.array([2, 2, 0]))
+    assert cache.rows == 3
+    assert (cache.self_keys[:, :2] == -1.0).all() and cache.self_keys[0, 2, 0, 0, 3] == 3.0
+    cache.select(np.array([2]))
+    assert cache.rows == 1 and cache.self_mask.shape[0] == 1 and cache.cross_keys.shape[1] == 1

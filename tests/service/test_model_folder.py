@@ -1,0 +1,121 @@
+"""A model folder that is missing, truncated, altered or inconsistent is refused with a message that
+names the file and the problem."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from service.errors import ModelFolderError
+from service.model_folder import MANIFEST, load_model_folder
+from service.runtime import OnnxRuntime
+
+
+@pytest.fixture()
+def folder(model_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(model_dir, tmp_path / "copy"))
+
+
+def edit_manifest(folder: Path, change) -> None:  # noqa: ANN001
+    manifest = json.loads((folder / MANIFEST).read_text())
+    change(manifest)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_a_good_folder_loads(model_dir: Path) -> None:
+    folder = load_model_folder(model_dir)
+    assert folder.manifest.name == "tiny-en-fr"
+    assert folder.manifest.default_variant == "fp32"
+    assert folder.variant().decoder_step.one("log_probs") == "log_probs"
+    assert set(folder.manifest.files) == {"encoder.onnx", "decoder_step.onnx", "spm.model"}
+
+
+def test_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(ModelFolderError, match="model folder not found"):
+        load_model_folder(tmp_path / "nope")
+
+
+def test_missing_manifest(folder: Path) -> None:
+    (folder / MANIFEST).unlink()
+    with pytest.raises(ModelFolderError, match="manifest.json: missing manifest"):
+        load_model_folder(folder)
+
+
+def test_manifest_not_json(folder: Path) -> None:
+    (folder / MANIFEST).write_text("{not json")
+    with pytest.raises(ModelFolderError, match="not valid JSON"):
+        load_model_folder(folder)
+
+
+def test_missing_graph(folder: Path) -> None:
+    (folder / "decoder_step.onnx").unlink()
+    with pytest.raises(ModelFolderError, match=r"decoder_step.onnx: missing \(listed in manifest.json\)"):
+        load_model_folder(folder)
+
+
+def test_truncated_graph(folder: Path) -> None:
+    data = (folder / "encoder.onnx").read_bytes()
+    (folder / "encoder.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFolderError, match=r"encoder.onnx: \d+ bytes, the manifest says \d+ \(truncated"):
+        load_model_folder(folder)
+
+
+def test_altered_graph(folder: Path) -> None:
+    data = bytearray((folder / "encoder.onnx").read_bytes())
+    data[-10] ^= 0xFF
+    (folder / "encoder.onnx").write_bytes(bytes(data))
+    with pytest.raises(ModelFolderError, match="encoder.onnx: checksum mismatch"):
+        load_model_folder(folder)
+
+
+def test_manifest_field_missing(folder: Path) -> None:
+    edit_manifest(folder, lambda m: m.pop("special_ids"))
+    with pytest.raises(ModelFolderError, match="special_ids: Field required"):
+        load_model_folder(folder)
+
+
+def test_newer_format_version(folder: Path) -> None:
+    edit_manifest(folder, lambda m: m.update(format_version=2))
+    with pytest.raises(ModelFolderError, match="format_version 2 is not 1"):
+        load_model_folder(folder)
+
+
+def test_file_outside_the_folder(folder: Path) -> None:
+    def escape(m: dict) -> None:
+        m["files"]["../secret"] = {"sha256": "0" * 64, "bytes": 1}
+
+    edit_manifest(folder, escape)
+    with pytest.raises(ModelFolderError, match="leaves the model folder"):
+        load_model_folder(folder)
+
+
+def test_manifest_that_does_not_match_its_graphs(folder: Path) -> None:
+    def rename(m: dict) -> None:
+        m["variants"]["fp32"]["decoder_step"]["inputs"][0]["name"] = "token_ids"
+
+    edit_manifest(folder, rename)
+    with pytest.raises(ModelFolderError, match=r"decoder_step.onnx: inputs do not match the manifest .*token_ids"):
+        OnnxRuntime(load_model_folder(folder))
+
+
+def test_manifest_dtype_that_does_not_match(folder: Path) -> None:
+    def retype(m: dict) -> None:
+        m["variants"]["fp32"]["encoder"]["inputs"][1]["dtype"] = "float32"
+
+    edit_manifest(folder, retype)
+    with pytest.raises(ModelFolderError, match="input src_mask is tensor\\(bool\\) .* float32 .* in the manifest"):
+        OnnxRuntime(load_model_folder(folder))
+
+
+def test_graph_file_that_is_not_onnx(folder: Path) -> None:
+    (folder / "encoder.onnx").write_bytes(b"garbage")
+
+    def rehash(m: dict) -> None:
+        import hashlib
+
+        m["files"]["encoder.onnx"] = {"sha256": hashlib.sha256(b"garbage").hexdigest(), "bytes": 7}
+
+    edit_manifest(folder, rehash)
+    with pytest.raises(ModelFolderError, match="encoder.onnx: ONNX Runtime cannot load it"):
+        OnnxRuntime(load_model_folder(folder))
