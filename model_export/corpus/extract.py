@@ -1,0 +1,184 @@
+"""Finds the French gettext catalogs (.mo) in .deb and .whl archives, caches them, reads them as raw pairs.
+
+Knows archive layouts (locale dirs, WordPress `fr_FR.mo` names, zips nested in debs); not cleaning.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import shutil
+import subprocess
+import tarfile
+import zipfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import polib
+
+from model_export.corpus import CorpusError
+
+log = logging.getLogger(__name__)
+
+PREFERRED_LOCALES = ("fr", "fr_FR")
+VARIANT_LOCALES = ("fr_CA", "fr_BE", "fr_CH", "fr_LU")
+_LOCALE_RE = re.compile(r"^(fr(?:_[A-Z]{2})?)(?:\.[\w-]+)?$")
+_STEM_RE = re.compile(r"(?:^|[-_.])(fr(?:_[A-Z]{2})?)$")
+_DONE = ".extracted"
+
+
+class ExtractError(CorpusError):
+    """An archive could not be read."""
+
+
+@dataclass(frozen=True)
+class RawPair:
+    """One msgid/msgstr pair as found in a catalog, before any cleaning."""
+
+    source: str
+    target: str
+    package: str
+    catalog: str
+    fuzzy: bool = False
+
+
+def path_locale(path: str) -> str | None:
+    """The French locale a catalog path belongs to (`fr`, `fr_FR`, `fr_CA`...), None if not French."""
+    parts = PurePosixPath(path.replace("!", "/")).parts
+    if not path.endswith(".mo"):
+        return None
+    for part in reversed(parts[:-1]):
+        match = _LOCALE_RE.match(part)
+        if match:
+            return match.group(1)
+    match = _STEM_RE.search(PurePosixPath(parts[-1]).stem)
+    return match.group(1) if match else None
+
+
+def choose_catalogs(paths: Iterable[str]) -> list[str]:
+    """Keep the fr/fr_FR catalogs; regional variants only when an archive has no plain French at all."""
+    by_locale: dict[str, list[str]] = {}
+    for path in paths:
+        locale = path_locale(path)
+        if locale is not None:
+            by_locale.setdefault(locale, []).append(path)
+    for wanted in (PREFERRED_LOCALES, VARIANT_LOCALES[:1], VARIANT_LOCALES[1:]):
+        chosen = sorted(p for loc in wanted for p in by_locale.get(loc, []))
+        if chosen:
+            return chosen
+    return []
+
+
+def _is_locale_zip(name: str) -> bool:
+    return name.endswith(".zip") and "local" in name.lower()
+
+
+def _zip_catalogs(data: bytes, prefix: str) -> dict[str, bytes]:
+    """French .mo members of a zip archive, keyed `prefix!member`."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        chosen = choose_catalogs(archive.namelist())
+        return {f"{prefix}!{name}": archive.read(name) for name in chosen}
+
+
+def _copyright_name(package: str) -> str:
+    return f"usr/share/doc/{package}/copyright"
+
+
+def _deb_members(deb: Path, package: str) -> tuple[dict[str, bytes], bytes | None]:
+    """Read a .deb's filesystem tar once: French catalogs (nested locale zips too) and the copyright file."""
+    proc = subprocess.Popen(
+        ["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    found: dict[str, bytes] = {}
+    copyright_text: bytes | None = None
+    links: dict[str, str] = {}
+    assert proc.stdout is not None
+    with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+        for member in tar:
+            name = member.name.removeprefix("./")
+            if member.issym():
+                links[name] = member.linkname
+            if not member.isfile():
+                continue
+            if (
+                name.endswith(".mo")
+                and path_locale(name)
+                or _is_locale_zip(name)
+                or name.endswith("/copyright")
+            ):
+                data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                if name == _copyright_name(package):
+                    copyright_text = data
+                elif _is_locale_zip(name):
+                    found.update(_zip_catalogs(data, name))
+                elif name.endswith(".mo"):
+                    found[name] = data
+    if proc.wait() != 0:
+        raise ExtractError(
+            f"dpkg-deb could not read {deb.name}: {proc.stderr.read().decode(errors='replace')}"
+        )
+    if copyright_text is None and f"usr/share/doc/{package}" in links:
+        copyright_text = (
+            f"See the package that owns /usr/share/doc/{links[f'usr/share/doc/{package}']}\n".encode()
+        )
+    return found, copyright_text
+
+
+def _wheel_members(wheel: Path) -> tuple[dict[str, bytes], bytes | None]:
+    """French catalogs of a wheel and its METADATA (which carries the licence)."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+            found = {name: archive.read(name) for name in choose_catalogs(names)}
+            meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+            return found, archive.read(meta) if meta else None
+    except zipfile.BadZipFile as exc:
+        raise ExtractError(f"{wheel.name} is not a valid wheel: {exc}") from exc
+
+
+def _safe_relpath(member: str) -> Path:
+    return Path(*[p for p in member.replace("!", "/").split("/") if p not in ("", ".", "..")])
+
+
+def extract_archive(archive: Path, package: str, cache: Path) -> Path:
+    """Extract an archive's chosen French catalogs (and licence text) into `cache/<archive stem>/`; cached."""
+    dest = cache / archive.name.removesuffix(".deb").removesuffix(".whl")
+    if (dest / _DONE).exists():
+        return dest
+    if dest.exists():
+        shutil.rmtree(dest)
+    members, licence = _deb_members(archive, package) if archive.suffix == ".deb" else _wheel_members(archive)
+    catalogs = {name: data for name, data in members.items() if name in set(choose_catalogs(members))}
+    for name, data in catalogs.items():
+        target = dest / "mo" / _safe_relpath(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "LICENSE-SOURCE").write_bytes(licence or b"")
+    (dest / _DONE).write_text("\n".join(sorted(catalogs)) + "\n")
+    log.debug("extracted %d catalogs from %s", len(catalogs), archive.name)
+    return dest
+
+
+def catalog_files(extracted: Path) -> list[Path]:
+    """The .mo files of an extracted archive, in a deterministic order."""
+    return sorted((extracted / "mo").rglob("*.mo")) if (extracted / "mo").exists() else []
+
+
+def read_catalog(path: Path, package: str, catalog: str) -> Iterator[RawPair]:
+    """Every msgid/msgstr pair of a .mo; plurals give (msgid, msgstr[0]) and (msgid_plural, msgstr[1])."""
+    try:
+        mo = polib.mofile(str(path))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        log.warning("skipping unreadable catalog %s: %s", path, exc)
+        return
+    for entry in mo:
+        fuzzy = "fuzzy" in entry.flags
+        if entry.msgid_plural:
+            plural = entry.msgstr_plural
+            yield RawPair(entry.msgid, plural.get(0, ""), package, catalog, fuzzy)
+            yield RawPair(entry.msgid_plural, plural.get(1, ""), package, catalog, fuzzy)
+        else:
+            yield RawPair(entry.msgid, entry.msgstr, package, catalog, fuzzy)

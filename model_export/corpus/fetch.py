@@ -1,0 +1,131 @@
+"""Downloads pinned archives into a cache: debs with `apt-get download`, wheels with `pip download`.
+
+A cached archive is never fetched again, so a rebuild works offline; knows nothing of what is inside them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from model_export.corpus import CorpusError
+from model_export.corpus.pins import Pin
+
+log = logging.getLogger(__name__)
+
+APT_LISTS = Path("/var/lib/apt/lists")
+BATCH = 10
+
+
+class FetchError(CorpusError):
+    """A pinned archive could not be downloaded."""
+
+
+def deb_glob(pin: Pin) -> str:
+    """The file name pattern `apt-get download name=version` writes (epoch colon escaped as %3a)."""
+    return f"{pin.name}_{pin.version.replace(':', '%3a')}_*.deb"
+
+
+def wheel_prefix(pin: Pin) -> str:
+    """The normalised `name-version-` prefix of a wheel file name, lower case."""
+    return f"{re.sub(r'[-_.]+', '_', pin.name).lower()}-{pin.version.lower()}-"
+
+
+def cached_archive(pin: Pin, cache: Path) -> Path | None:
+    """The archive of a pin already in the cache, if any."""
+    if pin.kind == "deb":
+        return next(iter(sorted((cache / "debs").glob(deb_glob(pin)))), None)
+    wheels = sorted((cache / "wheels").glob("*.whl"))
+    return next((w for w in wheels if w.name.lower().startswith(wheel_prefix(pin))), None)
+
+
+def apt_lists_present(lists: Path = APT_LISTS) -> bool:
+    """Whether apt has package lists to resolve `name=version` from."""
+    return any(lists.glob("*_Packages*"))
+
+
+def _run(command: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    log.debug("running %s", " ".join(command))
+    try:
+        return subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False)
+    except FileNotFoundError as exc:
+        raise FetchError(f"{command[0]} is not installed (needed to fetch packages)") from exc
+
+
+def apt_update(cwd: Path) -> None:
+    """Refresh apt's package lists (needs root)."""
+    result = _run(["apt-get", "update"], cwd)
+    if result.returncode != 0:
+        raise FetchError(f"apt-get update failed: {result.stderr.strip().splitlines()[-1:]}")
+
+
+def _apt_download(pins: Sequence[Pin], dest: Path) -> bool:
+    return _run(["apt-get", "download", *[f"{p.name}={p.version}" for p in pins]], dest).returncode == 0
+
+
+def fetch_debs(pins: Sequence[Pin], cache: Path) -> None:
+    """Download Debian packages in one apt-get call, updating the lists once if they are missing or stale."""
+    dest = cache / "debs"
+    dest.mkdir(parents=True, exist_ok=True)
+    if not apt_lists_present():
+        apt_update(dest)
+    if _apt_download(pins, dest):
+        return
+    apt_update(dest)
+    missing = [p for p in pins if not _apt_download([p], dest)]
+    if missing:
+        names = ", ".join(f"{p.name}={p.version}" for p in missing)
+        raise FetchError(
+            f"apt-get download failed for {names} (version gone from the archive? update packages.txt)"
+        )
+
+
+def fetch_wheel(pin: Pin, cache: Path) -> None:
+    """Download one wheel, without its dependencies."""
+    dest = (cache / "wheels").resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--quiet",
+        "--dest",
+        str(dest),
+        f"{pin.name}=={pin.version}",
+    ]
+    result = _run(command, dest)
+    if result.returncode != 0:
+        raise FetchError(f"pip download {pin.name}=={pin.version} failed: {result.stderr.strip()[-300:]}")
+
+
+def fetch_all(
+    pins: Sequence[Pin], cache: Path, advance: Callable[[int], None]
+) -> tuple[dict[Pin, Path], int]:
+    """Every pin's archive path, downloading what the cache lacks; also the bytes downloaded by this call."""
+    missing = [p for p in pins if cached_archive(p, cache) is None]
+    advance(len(pins) - len(missing))
+    downloaded = 0
+    debs = [p for p in missing if p.kind == "deb"]
+    for start in range(0, len(debs), BATCH):
+        fetch_debs(debs[start : start + BATCH], cache)
+        advance(len(debs[start : start + BATCH]))
+    for pin in (p for p in missing if p.kind == "wheel"):
+        fetch_wheel(pin, cache)
+        advance(1)
+    archives: dict[Pin, Path] = {}
+    for pin in pins:
+        path = cached_archive(pin, cache)
+        if path is None:
+            raise FetchError(
+                f"{pin.name} {pin.version} was downloaded but is not in {cache} under the expected name"
+            )
+        archives[pin] = path
+        downloaded += path.stat().st_size if pin in missing else 0
+    return archives, downloaded

@@ -1,0 +1,317 @@
+"""Tests of the EN→FR corpus builder: catalog extraction, each cleaning rule, dedup and leak-free, seeded splits.
+
+No network: catalogs are built with polib at test time and packed into a zip (a wheel) or a real .deb.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import polib
+import pytest
+
+from model_export.corpus import CorpusError, clean
+from model_export.corpus.__main__ import main
+from model_export.corpus.build import BuildOptions, build
+from model_export.corpus.extract import catalog_files, choose_catalogs, extract_archive, path_locale, read_catalog
+from model_export.corpus.fetch import cached_archive, deb_glob
+from model_export.corpus.notice import debian_licence, wheel_licence
+from model_export.corpus.pins import Pin, parse_pins
+from model_export.corpus.split import Pair, deduplicate, group_by_key, split_pairs
+
+
+def make_mo(path: Path, entries: list[polib.POEntry]) -> Path:
+    """Compile entries to a .mo file at `path`."""
+    po = polib.POFile()
+    po.metadata = {"Content-Type": "text/plain; charset=UTF-8", "Plural-Forms": "nplurals=2; plural=(n > 1);"}
+    for entry in entries:
+        po.append(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    po.save_as_mofile(str(path))
+    return path
+
+
+SAMPLE = [
+    polib.POEntry(msgid="_Open File", msgstr="_Ouvrir le fichier"),
+    polib.POEntry(msgid="%d file", msgid_plural="%d files", msgstr_plural={0: "%d fichier", 1: "%d fichiers"}),
+    polib.POEntry(msgctxt="menu", msgid="Quit", msgstr="Quitter"),
+    polib.POEntry(msgid="Untranslated", msgstr=""),
+]
+
+
+def make_wheel(tmp_path: Path) -> Path:
+    fr = make_mo(tmp_path / "src/pkg/locale/fr/LC_MESSAGES/pkg.mo", SAMPLE)
+    ca = make_mo(tmp_path / "src/pkg/locale/fr_CA/LC_MESSAGES/pkg.mo", [polib.POEntry(msgid="Car", msgstr="Char")])
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(fr, "pkg/locale/fr/LC_MESSAGES/pkg.mo")
+        archive.write(ca, "pkg/locale/fr_CA/LC_MESSAGES/pkg.mo")
+        archive.writestr("pkg-1.0.dist-info/METADATA", "Name: pkg\nVersion: 1.0\nLicense-Expression: BSD-3-Clause\n\n")
+    return wheel
+
+
+# --- extraction -----------------------------------------------------------------------------------------
+
+
+def test_path_locale_and_choice():
+    assert path_locale("usr/share/locale/fr/LC_MESSAGES/a.mo") == "fr"
+    assert path_locale("usr/share/locale/fr_FR.UTF-8/LC_MESSAGES/a.mo") == "fr_FR"
+    assert path_locale("wp-content/languages/admin-fr_FR.mo") == "fr_FR"
+    assert path_locale("x/locales.zip!fr/messages.mo") == "fr"
+    assert path_locale("usr/share/locale/fy/LC_MESSAGES/a.mo") is None
+    assert path_locale("usr/share/locale/fr/LC_MESSAGES/a.po") is None
+    paths = ["l/fr_CA/LC_MESSAGES/a.mo", "l/fr/LC_MESSAGES/a.mo", "l/de/LC_MESSAGES/a.mo"]
+    assert choose_catalogs(paths) == ["l/fr/LC_MESSAGES/a.mo"]
+    assert choose_catalogs(["l/fr_BE/a.mo", "l/fr_CA/a.mo"]) == ["l/fr_CA/a.mo"]
+
+
+def test_read_catalog_pairs_plurals_and_skips_nothing(tmp_path):
+    mo = make_mo(tmp_path / "a.mo", SAMPLE)
+    pairs = {(p.source, p.target) for p in read_catalog(mo, "pkg", "a")}
+    assert ("%d file", "%d fichier") in pairs and ("%d files", "%d fichiers") in pairs
+    assert ("Quit", "Quitter") in pairs and ("_Open File", "_Ouvrir le fichier") in pairs
+
+
+def test_extract_wheel_keeps_fr_only_and_caches(tmp_path):
+    extracted = extract_archive(make_wheel(tmp_path), "pkg", tmp_path / "cache")
+    files = catalog_files(extracted)
+    assert [f.parent.parent.name for f in files] == ["fr"]
+    assert "BSD-3-Clause" in (extracted / "LICENSE-SOURCE").read_text()
+    files[0].unlink()  # a cached extraction is not redone
+    assert catalog_files(extract_archive(make_wheel(tmp_path), "pkg", tmp_path / "cache")) == []
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_extract_deb(tmp_path):
+    root = tmp_path / "root"
+    make_mo(root / "usr/share/locale/fr/LC_MESSAGES/tool.mo", SAMPLE)
+    (root / "usr/share/doc/tool").mkdir(parents=True)
+    (root / "usr/share/doc/tool/copyright").write_text("Files: *\nLicense: GPL-2+\n")
+    (root / "DEBIAN").mkdir()
+    (root / "DEBIAN/control").write_text(
+        "Package: tool\nVersion: 1:1.0-1\nArchitecture: all\nMaintainer: t <t@e.org>\nDescription: t\n"
+    )
+    deb = tmp_path / "tool_1%3a1.0-1_all.deb"
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(deb)], check=True, capture_output=True)
+    extracted = extract_archive(deb, "tool", tmp_path / "cache")
+    assert [f.name for f in catalog_files(extracted)] == ["tool.mo"]
+    assert debian_licence((extracted / "LICENSE-SOURCE").read_text()) == "GPL-2+"
+    pin = Pin("deb", "tool", "1:1.0-1", "g")
+    (tmp_path / "debs").mkdir()
+    shutil.copy(deb, tmp_path / "debs" / deb.name)
+    assert deb_glob(pin) == "tool_1%3a1.0-1_*.deb" and cached_archive(pin, tmp_path) is not None
+
+
+# --- cleaning -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "fuzzy", "reason"),
+    [
+        ("", "Content-Type: text/plain", False, "header"),
+        ("Open", "Ouvrir", True, "fuzzy"),
+        ("Open", "  ", False, "untranslated"),
+        ("translator-credits", "Jean Dupont", False, "translator_credits"),
+        ("Open", "Ouvrir", False, None),
+    ],
+)
+def test_entry_reason(source, target, fuzzy, reason):
+    assert clean.entry_reason(source, target, fuzzy) == reason
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "reason"),
+    [
+        ("Open", "Open", "identical"),
+        ("Media", "Média", "identical_folded"),
+        ("***", "***", "no_letters"),
+        ("a" * 401, "b" * 401, "too_long"),
+        ("Print", "Imprimer dans un fichier au format PDF", "length_ratio"),
+        ("Copy %s to %s", "Copier %s", "placeholder_mismatch"),
+        ("%1$s of %2$s", "%s sur %s", "placeholder_mismatch"),
+        ("Save the file", "Save the file to the disk", "not_french"),
+        ("Open", "", "empty"),
+        ("Go", "Aller", None),
+        ("Copy %(n)s files to {dest}", "Copier %(n)s fichiers vers {dest}", None),
+        ("%s of %d", "%d : %s", None),
+    ],
+)
+def test_segment_reason(source, target, reason):
+    assert clean.segment_reason(source, target) == reason
+
+
+def test_placeholders():
+    assert clean.placeholders("%1$s %(name)s %-5.2f {0} {name!r} %% %1 %PRODUCTNAME $(ARG1)") == sorted(
+        ["%1$s", "%(name)s", "%-5.2f", "{0}", "{name!r}", "%%", "%1", "%PRODUCTNAME", "$(ARG1)"]
+    )
+    assert clean.placeholders("50 % des fichiers") == []
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "expected"),
+    [
+        ("_File", "_Fichier", ("File", "Fichier")),
+        ("E_xit", "_Quitter", ("Exit", "Quitter")),
+        ("&Open", "&Ouvrir", ("Open", "Ouvrir")),
+        ("Save ~As...", "Enregistrer ~sous...", ("Save As...", "Enregistrer sous...")),
+        ("Fo~rm", "Fo~rmulaire", ("Form", "Formulaire")),
+        ("^Next", "^Suivant", ("Next", "Suivant")),
+        ("Use LC_ALL here", "Utiliser LC_ALL ici", ("Use LC_ALL here", "Utiliser LC_ALL ici")),
+        ("R&D team", "équipe R&D", ("R&D team", "équipe R&D")),
+        ("Tom &amp; Jerry", "Tom &amp; Jerry", ("Tom &amp; Jerry", "Tom &amp; Jerry")),
+        ("a && b", "a && b", ("a && b", "a && b")),
+        ("%s_%d", "%s_%d", ("%s_%d", "%s_%d")),
+        ("Go to ~/docs", "Aller à ~/docs", ("Go to ~/docs", "Aller à ~/docs")),
+        ("Disable n&otifications", "Désactiver n&otifications", ("Disable notifications", "Désactiver notifications")),
+        ("Paragraph St~yles", "St~yles de paragraphe", ("Paragraph Styles", "Styles de paragraphe")),
+        ("Do not _observe", "Ne pas _observer", ("Do not observe", "Ne pas observer")),
+        ("Call _mcount", "Appeler _mcount", ("Call _mcount", "Appeler _mcount")),
+        ("The value is ~a.", "La valeur est ~a.", ("The value is ~a.", "La valeur est ~a.")),
+        ("~aData~%", "~aDonnées~%", ("~aData~%", "~aDonnées~%")),
+        ("Press ^C", "Appuyez sur ^C", ("Press ^C", "Appuyez sur ^C")),
+        ("Open http://x?a&b", "Ouvrir http://x?a&b", ("Open http://x?a&b", "Ouvrir http://x?a&b")),
+    ],
+)
+def test_strip_accelerators(source, target, expected):
+    assert clean.strip_accelerators(source, target) == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "expected"),
+    [
+        ("female^Princess", "Princesse", ("Princess", "Princesse")),
+        ("?unit:Owned", "?unit:Possédé", ("Owned", "Possédé")),
+        ("File|e", "Fichier|F", ("File", "Fichier")),
+        ("person|Title", "Titre", ("Title", "Titre")),
+        ("[yes|no]", "[oui|non]", ("[yes|no]", "[oui|non]")),
+    ],
+)
+def test_strip_context(source, target, expected):
+    assert clean.strip_context(source, target) == expected
+
+
+def test_whitespace_and_entities():
+    assert clean.normalise_space("  Fichier\u00a0:\t %s \n suite ") == "Fichier : %s suite"
+    assert clean.decode_entities("l&rsquo;aide&nbsp;! &amp; &lt;b&gt;") == "l\u2019aide\u00a0! &amp; &lt;b&gt;"
+
+
+HELP_EN = (
+    "  -a, --all          do not ignore entries\n"
+    "                       starting with .\n"
+    "  -l                 use a long listing format\n"
+)
+HELP_FR = (
+    "  -a, --all          ne pas ignorer les entrées\n"
+    "                       commençant par .\n"
+    "  -l                 utiliser un format long\n"
+)
+
+
+def test_help_block_split_aligned():
+    pairs, reasons = clean.clean_entry(HELP_EN, HELP_FR)
+    assert reasons == []
+    assert pairs == [
+        ("-a, --all do not ignore entries starting with .", "-a, --all ne pas ignorer les entrées commençant par ."),
+        ("-l use a long listing format", "-l utiliser un format long"),
+    ]
+
+
+def test_help_block_unaligned_is_dropped():
+    swapped = "  -l                 utiliser un format long\n  -a, --all          ne pas ignorer les entrées\n"
+    assert clean.clean_entry(HELP_EN, swapped) == ([], ["help_unaligned"])
+    fewer = "  -a, --all          ne pas ignorer les entrées et utiliser -l\n"
+    assert clean.clean_entry(HELP_EN, fewer) == ([], ["help_unaligned"])
+
+
+def test_prose_newlines_are_joined():
+    pairs, _ = clean.clean_entry("The file could not\nbe saved.", "Le fichier n'a pas pu\nêtre enregistré.")
+    assert pairs == [("The file could not be saved.", "Le fichier n'a pas pu être enregistré.")]
+
+
+def test_normalised_key():
+    assert clean.normalised_key("Open %s...") == clean.normalised_key("open  %d") == "open phx"
+
+
+# --- dedup and split ------------------------------------------------------------------------------------
+
+
+def test_deduplicate_keeps_most_frequent_then_first():
+    pairs = [Pair("Open", "Ouvrir", "a"), Pair("Open", "Ouvre", "b"), Pair("Open", "Ouvre", "c"),
+             Pair("Close", "Fermer", "a"), Pair("Close", "Clore", "b")]  # fmt: skip
+    assert deduplicate(pairs) == [Pair("Open", "Ouvre", "b"), Pair("Close", "Fermer", "a")]
+
+
+def corpus(n: int) -> list[Pair]:
+    pairs = []
+    for i in range(n):
+        package = f"pkg{i % 7}" if i % 3 else "big"
+        pairs.append(Pair(f"Item {i} value", f"Élément {i} valeur", package))
+        pairs.append(Pair(f"item {i} value!", f"élément {i} valeur !", package))  # collides with the one above
+        pairs.append(Pair(f"Item {i} value: %s", f"Élément {i} valeur : %s", package))
+    return pairs
+
+
+def test_split_is_leak_free_sized_and_spread():
+    pairs = corpus(600)
+    splits = split_pairs(pairs, dev_size=90, test_size=90, seed=1)
+    keys = {name: {clean.normalised_key(p.source) for p in part} for name, part in splits.items()}
+    assert not keys["train"] & keys["dev"] and not keys["train"] & keys["test"] and not keys["dev"] & keys["test"]
+    assert sum(len(v) for v in splits.values()) == len(pairs)
+    assert 90 <= len(splits["test"]) < 90 + 3 and 90 <= len(splits["dev"]) < 90 + 3
+    packages = {p.package for p in splits["test"]}
+    assert len(packages) == 8
+    assert sum(p.package == "big" for p in splits["test"]) < len(splits["test"]) / 2
+
+
+def test_split_is_deterministic():
+    pairs = corpus(300)
+    assert split_pairs(pairs, 30, 30, seed=5) == split_pairs(list(pairs), 30, 30, seed=5)
+    assert split_pairs(pairs, 30, 30, seed=5)["test"] != split_pairs(pairs, 30, 30, seed=6)["test"]
+
+
+def test_group_by_key():
+    groups = group_by_key([Pair("Open!", "a", "p"), Pair("open", "b", "p"), Pair("Close", "c", "p")])
+    assert list(groups.values()) == [[0, 1], [2]]
+
+
+# --- pins, licences, end to end -------------------------------------------------------------------------
+
+
+def test_parse_pins():
+    pins = parse_pins("# intro\n\n# [ui] user interface\ncoreutils=9.1-1\n# [wheels] x\nDjango==5.2\n")
+    assert pins == [Pin("deb", "coreutils", "9.1-1", "ui"), Pin("wheel", "Django", "5.2", "wheels")]
+    with pytest.raises(CorpusError, match="line 1"):
+        parse_pins("coreutils 9.1\n")
+
+
+def test_licences():
+    assert debian_licence("Files: *\nLicense: GPL-2+\n\nFiles: x\nLicense: MIT\n text\n") == "GPL-2+, MIT"
+    assert debian_licence("This is under the GNU General Public License, version 2.") == "GPL"
+    assert wheel_licence("Name: x\nClassifier: License :: OSI Approved :: BSD License\n\nbody") == "BSD License"
+    full_text = "Name: x\nLicense: (c) X\n        \n        Redistribution and use in source and binary forms"
+    assert wheel_licence(full_text) == "BSD"
+    assert debian_licence("See the package that owns /usr/share/doc/gcc-12-base\n").startswith("see /usr/share/doc/gcc")
+
+
+def test_build_end_to_end_offline(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    shutil.copy(make_wheel(tmp_path), cache / "wheels")
+    pins = [Pin("wheel", "pkg", "1.0", "wheels")]
+    stats = build(pins, BuildOptions(tmp_path / "out", cache, dev_size=1, test_size=1, seed=3))
+    assert sum(stats["pairs"].values()) == 4 and stats["packages"]["pkg"]["entries"] >= 4
+    out = tmp_path / "out"
+    lines = {s: (out / f"{s}.en").read_text().splitlines() for s in ("train", "dev", "test")}
+    assert sorted(sum(lines.values(), [])) == sorted(["Open File", "%d file", "%d files", "Quit"])
+    assert (out / "test.origin").read_text() == "pkg\n"
+    assert "pkg 1.0 (wheel): BSD-3-Clause" in (out / "NOTICE").read_text()
+
+
+def test_cli_error_is_one_line(tmp_path, capsys):
+    assert main(["build", "--packages", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read packages list") and err.count("\n") == 1
+    assert main(["tokenizer", "--corpus", str(tmp_path)]) == 1
