@@ -56,6 +56,35 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from model_export.train import TrainOptions, train
+
+    given = {f.name: getattr(args, f.name) for f in fields(TrainOptions) if getattr(args, f.name, None) is not None}
+    final = train(TrainOptions(**given))
+    print(f"wrote {final}")
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from dataclasses import MISSING, fields
+
+    from model_export.train import TrainOptions
+
+    train = sub.add_parser("train", help="train a model on a corpus; resumes from the run folder's last checkpoint")
+    for f in fields(TrainOptions):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool",):
+            train.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+            continue
+        kind = {"Path": Path, "int": int, "float": float}.get(str(f.type), str)
+        required = f.default is MISSING
+        train.add_argument(flag, dest=f.name, type=kind, required=required,
+                           help=None if required else f"default: {f.default}")
+    train.set_defaults(run=cmd_train)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m model_export", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -80,6 +109,7 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--variant", help="graph variant to check (default: the manifest's default)")
     verify.add_argument("--tolerance", type=float, default=1e-4)
     verify.set_defaults(run=cmd_verify)
+    _add_train(sub)
     return p
 
 

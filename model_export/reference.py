@@ -23,11 +23,12 @@ def greedy(model: Transformer, src_ids: Tensor, src_mask: Tensor, max_new_tokens
     cfg = model.cfg
     state = model.start_decoding(model.encode(src_ids, src_mask), src_mask)
     batch = src_ids.size(0)
-    tokens = torch.full((batch,), cfg.decoder_start_id, dtype=torch.long)  # (B,)
+    device = src_ids.device
+    tokens = torch.full((batch,), cfg.decoder_start_id, dtype=torch.long, device=device)  # (B,)
     outputs: list[list[int]] = [[] for _ in range(batch)]
-    finished = torch.zeros(batch, dtype=torch.bool)  # (B,)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
     for step in range(max_new_tokens):
-        log_probs, state = model.decode_step(tokens, torch.full((batch,), step), state)  # (B, V)
+        log_probs, state = model.decode_step(tokens, torch.full((batch,), step, device=device), state)  # (B, V)
         log_probs[:, banned_tokens(model)] = float("-inf")
         tokens = log_probs.argmax(dim=-1)  # (B,)
         for row in torch.nonzero(~finished).flatten().tolist():

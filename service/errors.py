@@ -44,8 +44,9 @@ class TooLarge(RequestError):
 
 
 class Overloaded(ServiceError):
-    def __init__(self, message: str, retry_after_seconds: int = 1) -> None:
+    def __init__(self, message: str, reason: str = "queue_full", retry_after_seconds: int = 1) -> None:
         super().__init__(message)
+        self.reason = reason  # queue_full, shutting_down, not_ready: the label of the rejection metric
         self.retry_after_seconds = retry_after_seconds
 
 

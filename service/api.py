@@ -1,0 +1,409 @@
+"""The HTTP API (FastAPI): LibreTranslate-compatible /translate and /languages, plus /v1/models,
+/health, /ready and /metrics. Validates at the edge, maps the service's errors to HTTP statuses in
+one place, and never runs inference on the event loop (the scheduler's worker thread does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import (
+    DeadlineExceeded,
+    Forbidden,
+    InferenceError,
+    InvalidRequest,
+    ModelFolderError,
+    NotFound,
+    Overloaded,
+    ServiceError,
+    TooLarge,
+)
+from service.metrics import Metrics
+from service.settings import Settings
+from service.translator import Registry, TranslateOptions, Translator, load_translators
+
+log = logging.getLogger(__name__)
+request_id: ContextVar[str] = ContextVar("request_id", default="-")
+
+STATUS: dict[type[ServiceError], int] = {
+    InvalidRequest: 400,
+    Forbidden: 403,
+    NotFound: 404,
+    TooLarge: 413,
+    InferenceError: 500,
+    ModelFolderError: 500,
+    Overloaded: 503,
+    DeadlineExceeded: 504,
+}
+
+
+# -- request and response bodies ------------------------------------------------------------------
+
+
+class TranslateRequest(BaseModel):
+    """LibreTranslate's fields, then ours (all optional). Unknown fields are ignored, as LibreTranslate does."""
+
+    model_config = ConfigDict(extra="ignore")
+    q: str | list[str] = Field(description="text, or a list of texts, to translate")
+    source: str = Field("auto", description="source language code, or 'auto'")
+    target: str = Field(description="target language code")
+    format: Literal["text", "html"] = Field("text", description="html: tags are kept, text between them translated")
+    alternatives: int = Field(0, ge=0, le=8, description="alternative translations to return besides the best")
+    api_key: str | None = Field(None, description="needed when the server has API keys")
+    beam_size: int | None = Field(None, ge=1, description="1 is greedy; default from the server's settings")
+    max_length: int | None = Field(None, ge=1, description="maximum generated tokens per sentence")
+    length_penalty: float | None = Field(None, ge=0.0, le=5.0, description="beam score = log p / length ** this")
+    model: str | None = Field(None, description="a loaded model's name (GET /v1/models); default: by languages")
+    timeout: float | None = Field(None, gt=0, description="seconds; can only lower the server's deadline")
+    return_scores: bool = Field(False, description="add each text's mean normalised log-probability")
+
+
+class DetectedLanguage(BaseModel):
+    language: str
+    confidence: float
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    queue_seconds: float
+    total_seconds: float
+    model: str
+
+
+class TranslateResponse(BaseModel):
+    translatedText: str | list[str]  # noqa: N815 - LibreTranslate's name
+    alternatives: list[str] | list[list[str]]
+    detectedLanguage: DetectedLanguage | None = None  # noqa: N815
+    scores: float | list[float] | None = None
+    usage: Usage | None = None
+
+
+class ErrorBody(BaseModel):
+    error: str
+
+
+# -- middleware: request ids, metrics, body size --------------------------------------------------
+
+
+class RequestContext:
+    """Pure ASGI middleware: request id (X-Request-ID in and out), access log, HTTP metrics, body cap."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int) -> None:
+        self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex[:16]
+        token = request_id.set(rid)
+        started, status = time.perf_counter(), [500]
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            length = headers.get(b"content-length", b"0")
+            if length.isdigit() and int(length) > self.max_body_bytes:
+                response = error_response(
+                    TooLarge(f"the body is {int(length)} bytes; the limit is {self.max_body_bytes}")
+                )
+                await response(scope, receive, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            elapsed = time.perf_counter() - started
+            self.metrics.http_requests.labels(path, scope["method"], str(status[0])).inc()
+            self.metrics.http_duration.labels(path).observe(elapsed)
+            log.info("%s %s %d %.1fms", scope["method"], scope["path"], status[0], elapsed * 1000)
+            request_id.reset(token)
+
+
+class RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get()
+        return True
+
+
+def error_response(error: ServiceError) -> JSONResponse:
+    status = next(code for cls, code in STATUS.items() if isinstance(error, cls))
+    headers = {"Retry-After": str(error.retry_after_seconds)} if isinstance(error, Overloaded) else None
+    return JSONResponse({"error": str(error)}, status_code=status, headers=headers)
+
+
+# -- the app --------------------------------------------------------------------------------------
+
+
+class State:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings, self.metrics = settings, metrics
+        self.registry = Registry([])
+        self.ready = False
+
+
+def create_app(
+    settings: Settings, translators: list[Translator] | None = None, metrics: Metrics | None = None
+) -> FastAPI:
+    """The whole HTTP service. Models load (from settings, unless given) and warm up in the lifespan."""
+    metrics = metrics or Metrics()
+    state = State(settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded = (
+            translators if translators is not None else await asyncio.to_thread(load_translators, settings, metrics)
+        )
+        for translator in loaded:
+            await asyncio.to_thread(translator.warm_up)
+            translator.scheduler.start()
+        state.registry = Registry(loaded)
+        state.ready = True
+        metrics.ready.set(1)
+        log.info("ready: %s", ", ".join(t.name for t in loaded))
+        yield
+        state.ready = False
+        metrics.ready.set(0)
+        for translator in loaded:
+            translator.scheduler.close()
+        await asyncio.gather(*(asyncio.to_thread(t.scheduler.stop, settings.request_timeout_seconds) for t in loaded))
+
+    app = FastAPI(
+        title="transformer-mt-server",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Translation with Transformer encoder-decoder models on ONNX Runtime. "
+        "POST /translate is compatible with LibreTranslate's API.",
+    )
+    app.state.service = state
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
+    app.add_middleware(RequestContext, metrics=metrics, max_body_bytes=settings.max_body_bytes)
+    _add_error_handlers(app)
+    _add_routes(app, state)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, error: ServiceError) -> JSONResponse:
+        rejected = app.state.service.metrics.rejected
+        if isinstance(error, Overloaded):
+            rejected.labels(error.reason).inc()
+        elif isinstance(error, TooLarge):
+            rejected.labels("too_large").inc()
+        return error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": describe_validation(error.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, error: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return JSONResponse({"error": "internal error; the request id is in the X-Request-ID header"}, status_code=500)
+
+
+def describe_validation(errors: list[Any]) -> str:
+    """Pydantic's error list as one sentence a client can act on."""
+    parts = []
+    for e in errors[:5]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+async def read_payload(request: Request) -> dict[str, Any]:
+    """JSON or form-encoded body -> dict; anything else is a 422/415 with a clear message."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        form = await request.form()
+        payload: dict[str, Any] = {k: form.getlist(k) if k == "q" else form.get(k) for k in form}
+        if isinstance(payload.get("q"), list) and len(payload["q"]) == 1:
+            payload["q"] = payload["q"][0]
+        return payload
+    if content_type not in ("application/json", ""):
+        raise StarletteHTTPException(415, f"unsupported content type {content_type!r}: send JSON or a form")
+    raw = await request.body()
+    try:
+        payload = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RequestValidationError([{"loc": ("body",), "msg": f"not valid JSON ({error})"}]) from None
+    if not isinstance(payload, dict):
+        raise RequestValidationError([{"loc": ("body",), "msg": "expected a JSON object"}])
+    return payload
+
+
+def check_key(settings: Settings, given: str | None) -> None:
+    if not settings.api_keys:
+        return
+    supplied = (given or "").encode()
+    matched = False
+    for key in settings.api_keys:  # every key is compared, in constant time each
+        matched |= hmac.compare_digest(supplied, key.encode())
+    if not matched:
+        raise Forbidden("a valid api_key is required" if given else "this server needs an api_key")
+
+
+def check_size(settings: Settings, texts: list[str]) -> None:
+    if len(texts) > settings.max_request_items:
+        raise TooLarge(f"q has {len(texts)} texts; the limit is {settings.max_request_items}")
+    chars = sum(len(t) for t in texts)
+    if chars > settings.max_request_chars:
+        raise TooLarge(f"q has {chars} characters; the limit is {settings.max_request_chars}")
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body has been read, so receive() waits for that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_translation(request: Request, work: Callable[[], Awaitable[Any]]) -> Any:
+    """Runs `work`, cancelling it (and so dropping its rows) if the client disconnects first."""
+    task = asyncio.ensure_future(work())
+    watcher = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise StarletteHTTPException(499, "client closed the request")
+    return task.result()
+
+
+def _add_routes(app: FastAPI, state: State) -> None:
+    settings = state.settings
+    json_schema = TranslateRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    body_doc = {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": json_schema},
+                "application/x-www-form-urlencoded": {"schema": json_schema},
+            },
+        }
+    }
+    errors_doc = {code: {"model": ErrorBody} for code in (400, 403, 404, 413, 422, 500, 503, 504)}
+
+    @app.post(
+        "/translate",
+        response_model=TranslateResponse,
+        response_model_exclude_none=True,
+        openapi_extra=body_doc,
+        responses=errors_doc,
+        summary="Translate text (LibreTranslate-compatible)",
+    )
+    async def translate(request: Request) -> TranslateResponse:
+        if not state.ready:
+            raise Overloaded("the server is not ready yet", "not_ready", settings.retry_after_seconds)
+        try:
+            body = TranslateRequest.model_validate(await read_payload(request))
+        except ValidationError as error:
+            raise RequestValidationError(error.errors()) from None
+        check_key(settings, body.api_key or request.headers.get("x-api-key"))
+        texts = [body.q] if isinstance(body.q, str) else body.q
+        check_size(settings, texts)
+        beam = body.beam_size or settings.default_beam_size
+        if beam > settings.max_beam_size or body.alternatives + 1 > settings.max_beam_size:
+            raise InvalidRequest(f"beam_size and alternatives + 1 may be at most {settings.max_beam_size}")
+        if body.max_length is not None and body.max_length > settings.max_output_tokens:
+            raise InvalidRequest(f"max_length may be at most {settings.max_output_tokens}")
+        translator, source = state.registry.pick(body.source, body.target, body.model)
+        options = TranslateOptions(
+            beam_size=beam,
+            alternatives=body.alternatives,
+            length_penalty=settings.default_length_penalty if body.length_penalty is None else body.length_penalty,
+            max_length=body.max_length,
+            html=body.format == "html",
+            timeout=body.timeout,
+        )
+        state.metrics.in_flight.inc()
+        try:
+            result = await run_translation(request, lambda: translator.translate(texts, body.target, options))
+        finally:
+            state.metrics.in_flight.dec()
+        single = isinstance(body.q, str)
+        return TranslateResponse(
+            translatedText=result.texts[0] if single else result.texts,
+            alternatives=result.alternatives[0] if single else result.alternatives,
+            detectedLanguage=DetectedLanguage(language=source, confidence=100.0) if body.source == "auto" else None,
+            scores=(result.scores[0] if single else result.scores) if body.return_scores else None,
+            usage=Usage(
+                input_tokens=result.input_tokens,
+                output_tokens=result.output_tokens,
+                queue_seconds=round(result.queue_seconds, 4),
+                total_seconds=round(result.seconds, 4),
+                model=translator.name,
+            ),
+        )
+
+    @app.get("/languages", summary="Languages and their targets (LibreTranslate's format)")
+    async def languages() -> list[dict[str, object]]:
+        return state.registry.languages()
+
+    @app.get("/v1/models", summary="Loaded models and their manifest data")
+    async def models() -> dict[str, object]:
+        return {"models": [model_card(t, settings) for t in state.registry.translators.values()]}
+
+    @app.get("/health", summary="Liveness: the process answers")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get(
+        "/ready",
+        summary="Readiness: models loaded and warmed up, admitting requests",
+        responses={503: {"model": ErrorBody}},
+    )
+    async def ready() -> Response:
+        if state.ready:
+            return JSONResponse({"status": "ready", "models": sorted(state.registry.translators)})
+        return JSONResponse({"error": "not ready"}, status_code=503)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
+    manifest = translator.folder.manifest
+    return {
+        "name": manifest.name,
+        "version": manifest.version,
+        "source_language": manifest.source_language,
+        "target_languages": manifest.target_languages,
+        "variant": settings.variant or manifest.default_variant,
+        "variants": sorted(manifest.variants),
+        "providers": translator.runtime.providers if hasattr(translator.runtime, "providers") else [],
+        "config": manifest.config.model_dump(),
+        "provenance": manifest.provenance,
+    }

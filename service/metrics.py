@@ -1,0 +1,97 @@
+"""Every Prometheus metric of the service, defined in one place on an injectable registry.
+
+Names carry their unit (`_seconds`, `_total`); labels are small fixed sets (route, status, model,
+reason). Other modules call these objects; none defines a metric of its own.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.http_requests = Counter(
+            "mt_http_requests_total",
+            "HTTP requests by route, method and status code.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.http_duration = Histogram(
+            "mt_http_request_duration_seconds",
+            "Time from request received to response sent.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "mt_requests_in_flight", "Translation requests admitted and not yet answered.", registry=r
+        )
+        self.queue_depth = Gauge("mt_queue_depth", "Sentences waiting to join a batch.", ["model"], registry=r)
+        self.queue_wait = Histogram(
+            "mt_queue_wait_seconds",
+            "Time a sentence waited before its encoder pass.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.encoder_duration = Histogram(
+            "mt_encoder_duration_seconds",
+            "Duration of one encoder graph run.",
+            ["model"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.step_duration = Histogram(
+            "mt_decoder_step_duration_seconds",
+            "Duration of one decoder step (graph run and search).",
+            ["model"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.step_rows = Histogram(
+            "mt_decoder_step_rows",
+            "Rows (sentences x beams) in one decoder step: the batch size.",
+            ["model"],
+            buckets=ROW_BUCKETS,
+            registry=r,
+        )
+        self.sentences = Counter("mt_sentences_total", "Sentences translated.", ["model"], registry=r)
+        self.input_tokens = Counter("mt_input_tokens_total", "Source tokens encoded.", ["model"], registry=r)
+        self.generated_tokens = Counter(
+            "mt_generated_tokens_total",
+            "Target tokens generated (best hypothesis, EOS included).",
+            ["model"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "mt_rejected_requests_total",
+            "Requests refused before any work: queue_full, too_large, shutting_down.",
+            ["reason"],
+            registry=r,
+        )
+        self.deadline_expired = Counter(
+            "mt_deadline_expired_total", "Requests that passed their deadline (504).", ["model"], registry=r
+        )
+        self.cancelled = Counter(
+            "mt_cancelled_requests_total",
+            "Requests whose client went away; their rows were dropped.",
+            ["model"],
+            registry=r,
+        )
+        self.inference_errors = Counter(
+            "mt_inference_errors_total",
+            "Batches whose graph run failed (their requests got 500).",
+            ["model"],
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "mt_model_info", "Loaded models (value 1).", ["model", "version", "variant", "provider"], registry=r
+        )
+        self.ready = Gauge("mt_ready", "1 when warmed up and admitting requests.", registry=r)

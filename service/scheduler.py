@@ -1,0 +1,306 @@
+"""Continuous (iteration-level) batching in a worker thread: sentences of many requests share one
+decoder batch; newcomers join between steps (their encoder pass runs then), finished sentences leave
+at once, expired or abandoned ones are dropped. A static mode runs each batch to completion instead.
+
+Sees token ids and search options only: text lives in the tokenizer and the HTTP layer. It decides
+which rows run each step; the Runtime runs the graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.decoding import Hypothesis, Search, SearchOptions, new_search
+from service.engine import TokenRules, advance_all, pad_batch
+from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
+from service.kv_cache import DecoderCache
+from service.metrics import Metrics
+from service.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    static: bool = False  # True: a batch is formed, then run to completion before the next one
+    max_rows: int = 64  # rows (sentences x beams) in one step
+    max_tokens: int = 16384  # sum over running sentences of beams x (source length + max output length)
+    max_queue: int = 2048  # sentences waiting
+    encoder_bucket_ratio: float = 1.5  # newcomers encoded together when their lengths are within this ratio
+
+
+@dataclass
+class Ticket:
+    """One request's sentences: results as they finish, its deadline, and how to hand them back."""
+
+    size: int
+    deadline: float  # time.monotonic() after which the request fails with 504
+    on_done: Callable[[Ticket], None]  # called once, from the worker thread
+    results: list[list[Hypothesis] | None] = field(init=False)
+    error: ServiceError | None = None
+    cancelled: bool = False
+    queue_seconds: float = 0.0
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.results = [None] * self.size
+
+    @property
+    def abandoned(self) -> bool:
+        return self.cancelled or self.finished
+
+    def deliver(self, index: int, hypotheses: list[Hypothesis]) -> None:
+        self.results[index] = hypotheses
+        if all(r is not None for r in self.results):
+            self._finish()
+
+    def fail(self, error: ServiceError) -> None:
+        if not self.finished:
+            self.error = error
+            self._finish()
+
+    def _finish(self) -> None:
+        self.finished = True
+        self.on_done(self)
+
+
+@dataclass
+class SentenceJob:
+    src_ids: list[int]
+    options: SearchOptions
+    ticket: Ticket
+    index: int  # position in the ticket
+    enqueued_at: float = 0.0
+
+    @property
+    def reserved_tokens(self) -> int:
+        return self.options.beam_size * (len(self.src_ids) + self.options.max_new_tokens)
+
+
+@dataclass
+class Running:
+    """A sentence in the decoder batch; its rows are contiguous in the cache, in `active` order."""
+
+    job: SentenceJob
+    search: Search
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runtime: Runtime,
+        rules: TokenRules,
+        limits: BatchLimits,
+        metrics: Metrics,
+        model: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runtime, self.rules, self.limits, self.metrics, self.model = runtime, rules, limits, metrics, model
+        self.clock = clock
+        self.waiting: deque[SentenceJob] = deque()
+        self.active: list[Running] = []
+        self.cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._stopped = False
+
+    # -- the HTTP side ---------------------------------------------------------------------------
+
+    def submit(self, jobs: list[SentenceJob]) -> None:
+        """Queue a request's sentences, all or none; Overloaded at once when the queue is full."""
+        with self._lock:
+            if self._closing:
+                raise Overloaded("the server is shutting down; retry on another instance", "shutting_down")
+            if len(self.waiting) + len(jobs) > self.limits.max_queue:
+                raise Overloaded(f"the queue is full ({self.limits.max_queue} sentences waiting); retry later")
+            now = self.clock()
+            for job in jobs:
+                job.enqueued_at = now
+            self.waiting.extend(jobs)
+            self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
+            self._lock.notify()
+
+    def fits(self, options: SearchOptions, src_len: int) -> bool:
+        """Whether one sentence can ever run under the batch limits (checked before it is queued)."""
+        reserved = options.beam_size * (src_len + options.max_new_tokens)
+        return options.beam_size <= self.limits.max_rows and reserved <= self.limits.max_tokens
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return not self.waiting and not self.active
+
+    # -- the worker thread -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"scheduler-{self.model}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop admitting new requests; work already queued goes on."""
+        with self._lock:
+            self._closing = True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close, let queued work finish for up to `timeout` seconds, then fail what is left and end."""
+        self.close()
+        deadline = time.monotonic() + timeout
+        while not self.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with self._lock:
+            self._stopped = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        for job in list(self.waiting) + [r.job for r in self.active]:
+            job.ticket.fail(Overloaded("the server stopped before this request finished", "shutting_down"))
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                if not self.waiting and not self.active:
+                    self._lock.wait(timeout=0.5)
+                    continue
+            try:
+                self.run_once()
+            except Exception:  # noqa: BLE001 - the worker must survive anything; run_once fails the batch
+                log.exception("scheduler iteration failed")
+
+    def run_once(self) -> None:
+        """One iteration: drop what expired or was abandoned, admit and encode newcomers, run one step."""
+        self._drop_expired()
+        self._encode(self._admit())
+        if self.active:
+            self._step()
+
+    # -- 1. dropping ---------------------------------------------------------------------------
+
+    def _drop_expired(self) -> None:
+        now = self.clock()
+        with self._lock:
+            kept = deque(j for j in self.waiting if self._alive(j.ticket, now))
+            self.waiting = kept
+            self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
+        if any(not self._alive(r.job.ticket, now) for r in self.active):
+            rows, offset, still = [], 0, []
+            for running in self.active:
+                n = running.search.rows
+                if self._alive(running.job.ticket, now):
+                    rows.append(np.arange(offset, offset + n))
+                    still.append(running)
+                offset += n
+            self.cache.select(np.concatenate(rows) if rows else np.zeros(0, np.int64))
+            self.active = still
+
+    def _alive(self, ticket: Ticket, now: float) -> bool:
+        if ticket.cancelled and not ticket.finished:
+            self.metrics.cancelled.labels(self.model).inc()
+            ticket.finished = True  # nobody waits for it any more
+        if ticket.abandoned:
+            return False
+        if now > ticket.deadline:
+            self.metrics.deadline_expired.labels(self.model).inc()
+            ticket.fail(DeadlineExceeded("the request's deadline passed before its translation finished"))
+            return False
+        return True
+
+    # -- 2. admission --------------------------------------------------------------------------
+
+    def _admit(self) -> list[SentenceJob]:
+        """Newcomers in arrival order while the batch has room; static mode waits for an empty batch."""
+        if self.limits.static and self.active:
+            return []
+        rows = sum(r.job.options.beam_size for r in self.active)  # what the running sentences may grow to
+        tokens = sum(r.job.reserved_tokens for r in self.active)
+        admitted: list[SentenceJob] = []
+        with self._lock:
+            while self.waiting:
+                job = self.waiting[0]
+                beam = job.options.beam_size
+                if rows + beam > self.limits.max_rows or tokens + job.reserved_tokens > self.limits.max_tokens:
+                    break
+                admitted.append(self.waiting.popleft())
+                rows, tokens = rows + beam, tokens + job.reserved_tokens
+            self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
+        return admitted
+
+    # -- 3. encoder passes ---------------------------------------------------------------------
+
+    def _encode(self, jobs: list[SentenceJob]) -> None:
+        now = self.clock()
+        for bucket in self._buckets(jobs):
+            for job in bucket:
+                self.metrics.queue_wait.labels(self.model).observe(now - job.enqueued_at)
+                job.ticket.queue_seconds = max(job.ticket.queue_seconds, now - job.enqueued_at)
+            src_ids, src_mask = pad_batch([j.src_ids for j in bucket], self.rules.pad_id)  # (b, S) each
+            started = time.perf_counter()
+            try:
+                memory = self.runtime.encode(src_ids, src_mask)
+            except Exception as error:  # noqa: BLE001 - any graph failure fails only this bucket
+                self._fail(bucket, error)
+                continue
+            self.metrics.encoder_duration.labels(self.model).observe(time.perf_counter() - started)
+            self.metrics.input_tokens.labels(self.model).inc(int(src_mask.sum()))
+            self.cache.add(memory.keys, memory.values, src_mask)
+            start, eos = self.rules.decoder_start_id, self.rules.eos_id
+            self.active += [Running(j, new_search(start, eos, j.options)) for j in bucket]
+
+    def _buckets(self, jobs: list[SentenceJob]) -> list[list[SentenceJob]]:
+        """Group newcomers of similar length so that an encoder pass pads little."""
+        buckets: list[list[SentenceJob]] = []
+        for job in sorted(jobs, key=lambda j: len(j.src_ids)):
+            if buckets and len(job.src_ids) <= self.limits.encoder_bucket_ratio * len(buckets[-1][0].src_ids) + 2:
+                buckets[-1].append(job)
+            else:
+                buckets.append([job])
+        return buckets
+
+    # -- 4. one decoder step -------------------------------------------------------------------
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        searches = [r.search for r in self.active]
+        input_ids = np.concatenate([s.last_tokens() for s in searches])  # (B,)
+        try:
+            out = self.runtime.step(input_ids, self.cache)
+        except Exception as error:  # noqa: BLE001 - fail this batch's requests, keep serving
+            self._fail([r.job for r in self.active], error)
+            self.active = []
+            self.cache = DecoderCache(self.runtime.n_layers, self.runtime.n_heads, self.runtime.head_dim)
+            return
+        self.cache.append(out.step_keys, out.step_values)
+        log_probs = out.log_probs  # (B, V)
+        log_probs[:, self.rules.banned] = -np.inf
+        self.cache.select(advance_all(searches, log_probs))
+        still = []
+        for running in self.active:
+            if running.search.done:
+                self._deliver(running)
+            else:
+                still.append(running)
+        self.active = still
+        self.metrics.step_rows.labels(self.model).observe(len(input_ids))
+        self.metrics.step_duration.labels(self.model).observe(time.perf_counter() - started)
+
+    def _deliver(self, running: Running) -> None:
+        results = running.search.results()
+        self.metrics.sentences.labels(self.model).inc()
+        self.metrics.generated_tokens.labels(self.model).inc(len(results[0].tokens))
+        if not running.job.ticket.abandoned:
+            running.job.ticket.deliver(running.job.index, results)
+
+    def _fail(self, jobs: list[SentenceJob], error: Exception) -> None:
+        log.error("inference failed for a batch of %d sentences: %s", len(jobs), error)
+        self.metrics.inference_errors.labels(self.model).inc()
+        for job in jobs:
+            job.ticket.fail(InferenceError(f"inference failed: {type(error).__name__}"))

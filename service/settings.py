@@ -1,0 +1,92 @@
+"""The service's settings: one pydantic-settings class, every field settable as an `MT_*` environment
+variable (lists as JSON or comma-separated). Built once at start and passed into `create_app`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (cgroup/affinity aware), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _split_list(value: object) -> object:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            import json
+
+            return json.loads(text)
+        return [item.strip() for item in text.split(",") if item.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MT_", extra="forbid")
+
+    # -- models --------------------------------------------------------------------------------
+    models_dir: Path = Field(SHIPPED_MODELS, description="folder whose subfolders are model folders")
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="subfolders of models_dir to load (empty: every model folder there)"
+    )
+    variant: str | None = Field(None, description="graph variant to run (fp32, int8); default: each manifest's")
+    verify_checksums: bool = Field(True, description="check every file's sha256 against the manifest at start")
+
+    # -- ONNX Runtime --------------------------------------------------------------------------
+    providers: Annotated[list[Literal["cpu", "cuda"]], NoDecode] = Field(
+        default_factory=lambda: ["cpu"], description="execution providers in order; CUDA falls back to CPU"
+    )
+    intra_op_threads: int = Field(default_factory=available_cores, ge=1, description="threads inside one graph run")
+    inter_op_threads: int = Field(1, ge=1)
+
+    # -- batching ------------------------------------------------------------------------------
+    batching: Literal["continuous", "static"] = Field(
+        "continuous", description="continuous: sentences join and leave between decoder steps; static: run to end"
+    )
+    max_batch_rows: int = Field(64, ge=1, description="rows (sentences x beams) in one decoder step")
+    max_batch_tokens: int = Field(
+        16384, ge=1, description="sum over running rows of source length + maximum output length"
+    )
+    max_queue_sentences: int = Field(2048, ge=1, description="sentences waiting; beyond it requests get 503")
+    request_timeout_seconds: float = Field(30.0, gt=0, description="deadline of a request; 504 after it")
+    retry_after_seconds: int = Field(1, ge=1, description="Retry-After sent with 503")
+
+    # -- decoding defaults and limits ----------------------------------------------------------
+    default_beam_size: int = Field(1, ge=1, le=16)
+    max_beam_size: int = Field(8, ge=1, le=16)
+    default_length_penalty: float = 1.0
+    max_output_tokens: int = Field(256, ge=1, description="absolute cap on generated tokens per sentence")
+    max_output_ratio: float = Field(2.0, gt=0, description="relative cap: ratio x source tokens + 10")
+    max_sentence_tokens: int = Field(200, ge=8, description="longer sentences are split at punctuation/spaces")
+    max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413 above)")
+    max_request_items: int = Field(128, ge=1, description="strings in one request's q list (413 above)")
+    max_request_sentences: int = Field(512, ge=1, description="sentences in one request after splitting (413)")
+    max_body_bytes: int = Field(1_000_000, ge=1, description="request body size (413 above)")
+
+    # -- access --------------------------------------------------------------------------------
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="if set, /translate needs one of these keys (api_key field)"
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="CORS off when empty")
+    log_level: str = "INFO"
+
+    @field_validator("models", "providers", "api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _lists(cls, value: object) -> object:
+        return _split_list(value)
+
+    def ort_providers(self) -> tuple[str, ...]:
+        names = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+        return tuple(names[p] for p in self.providers)

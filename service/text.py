@@ -1,0 +1,425 @@
+"""What is translated and how the output is put back together: cleaning, sentence splitting of plain text and
+HTML into a Document, and cutting of over-long sentences. Knows nothing of tokens except through a counting
+callback, nothing of models or requests.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import re
+import unicodedata
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
+
+from service.errors import InvalidRequest, TooLarge
+
+logger = logging.getLogger(__name__)
+
+Count = Callable[[str], int]  # text -> the number of tokens it would take
+
+TERMINALS = ".!?…‽"  # end a sentence when followed by whitespace and a sentence start
+CLOSERS = "\"'”’»›)]}"  # may follow the terminal punctuation: `done.")`
+OPENERS = "\"'“‘„«‹([{¿¡"  # may precede the first letter of a sentence: `"Yes`
+_ABBREVIATED = """
+    Mr Mrs Ms Mx Dr Prof Sr Jr St Mt Rev Hon Gen Col Capt Lt Sgt Gov Sen Rep Pres Fr Mme Mlle Messrs
+    vs etc al cf ca approx esp incl excl resp viz No Nos Nr Fig Figs fig figs Vol vol Vols pp Ch Sec Art Eq
+    Ref Dept Inc Ltd Co Corp Bros Ave Blvd Rd Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec
+    bzw usw vgl ggf Hr Hrn Abs Bd Mio Mrd
+"""
+ABBREVIATIONS = frozenset(_ABBREVIATED.split())  # words a period follows without ending the sentence, as written
+
+_LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")  # str.splitlines' line breaks
+_TOKEN = re.compile(r"\S+")
+_SPACE = re.compile(r"\s+")
+_DOTTED = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")  # e.g, i.e, U.S (the final period stripped)
+_CLAUSE_END = re.compile(r"[;:,.!?…]+(?=\s)|[，；：、。！？]+")  # where a long sentence is best cut
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1 controls but \t and \n
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_REFERENCE = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")  # html.unescape's own
+_TAG_NAME = re.compile(r"</?([A-Za-z][^\s/>]*)")
+_TAG_STOP = re.compile(r"[>\"']")
+_RAW_TEXT_END = {name: re.compile(rf"</{name}[\s/>]", re.IGNORECASE) for name in ("script", "style")}
+_UNTRANSLATED = frozenset({"code", "pre"})  # elements whose text is kept as is (they may hold tags)
+
+
+def clean(text: str) -> str:
+    """Line breaks to \\n, lone surrogates to U+FFFD, no control characters but \\n and \\t, Unicode NFC."""
+    if _SURROGATE.search(text):
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")  # pairs joined
+    text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    return unicodedata.normalize("NFC", text)
+
+
+@dataclass(frozen=True)
+class Document:
+    """Sentences to translate and everything else, kept verbatim, to put the translations back.
+
+    join(t) is separators[0] + out[0] + separators[1] + ... + out[n-1] + separators[n], where out[i] is
+    originals[i] when t[i] == sentences[i] (so identity rebuilds the input exactly, character references
+    included) and t[i] otherwise, html-escaped when `markup`. expand() cuts sentences into pieces that become
+    sentences of their own with the whitespace between them as separators; origins[i] is the index, in the
+    document split_text/split_html returned, of the sentence that piece i comes from.
+    """
+
+    sentences: list[str]
+    separators: list[str]  # len(sentences) + 1: the input between, before and after the sentences
+    originals: list[str]  # each sentence as written in the input (with its character references in HTML)
+    origins: list[int]
+    markup: bool = False
+
+    def join(self, translations: Sequence[str]) -> str:
+        """The input with each sentence replaced by its translation, in order."""
+        if len(translations) != len(self.sentences):
+            raise ValueError(f"{len(translations)} translations for {len(self.sentences)} sentences")
+        parts = [self.separators[0]]
+        for i, translation in enumerate(translations):
+            parts.append(self.originals[i] if translation == self.sentences[i] else self._put(translation))
+            parts.append(self.separators[i + 1])
+        return "".join(parts)
+
+    def expand(self, count: Count, limit: int) -> Document:
+        """A document whose sentences are those of this one cut by limit_sentence; join still rebuilds it."""
+        builder = _Builder(self.markup)
+        builder.keep(self.separators[0])
+        for i, sentence in enumerate(self.sentences):
+            source = _Source.of(self.originals[i], self.markup)
+            can_cut = source.can_cut if self.markup else partial(_between_characters, sentence)
+            spans = _limit_spans(sentence, count, limit, can_cut)
+            if len(spans) > 1:
+                logger.debug(
+                    "a sentence of %d characters cut into %d pieces of <= %d tokens", len(sentence), len(spans), limit
+                )
+            builder.add_spans(source, spans, self.origins[i])
+            builder.keep(self.separators[i + 1])
+        return builder.build()
+
+    def _put(self, translation: str) -> str:
+        return html.escape(translation, quote=False) if self.markup else translation
+
+
+def split(text: str, fmt: str) -> Document:
+    """The Document of a request's text in its format, "text" or "html"."""
+    if fmt == "text":
+        return split_text(text)
+    if fmt == "html":
+        return split_html(text)
+    raise InvalidRequest(f"format {fmt!r} is not supported; use 'text' or 'html'")
+
+
+def split_text(text: str) -> Document:
+    """Plain text: sentences never cross a line break; whitespace and line structure go to the separators."""
+    builder = _Builder(markup=False)
+    builder.add_text(text)
+    return builder.build()
+
+
+def split_html(markup: str) -> Document:
+    """HTML: only text between tags is translated, never inside script, style, code or pre, nor attributes.
+
+    Tags, comments, doctypes and character references are kept verbatim. An unterminated tag or comment runs
+    to the end of the input, as in a browser, and is kept untranslated.
+    """
+    builder = _Builder(markup=True)
+    inside: Counter[str] = Counter()  # open code/pre elements
+    text_start, i = 0, markup.find("<")
+    while i != -1:
+        end = _markup_end(markup, i)
+        if end is None:  # a "<" that starts nothing: text
+            i = markup.find("<", i + 1)
+            continue
+        builder.add_text(markup[text_start:i], translate=not any(inside.values()))
+        builder.keep(markup[i:end])
+        text_start = _after_tag(markup, i, end, builder, inside)
+        i = markup.find("<", text_start)
+    builder.add_text(markup[text_start:], translate=not any(inside.values()))
+    return builder.build()
+
+
+def limit_sentence(sentence: str, count: Count, limit: int) -> list[str]:
+    """[sentence] if count(sentence) <= limit, else consecutive pieces each within the limit, best cut after
+    ; : , (or . ! ?), then at whitespace, inside a word only as a last resort; nothing is dropped but the
+    whitespace at the cuts. TooLarge if a single character is over the limit."""
+    return [sentence[a:b] for a, b in _limit_spans(sentence, count, limit, partial(_between_characters, sentence))]
+
+
+# Sentences of a stretch of text
+
+
+def _sentence_spans(text: str, hard_lines: bool) -> Iterator[tuple[int, int]]:
+    """(start, end) of each sentence, without surrounding whitespace; with hard_lines never across a line."""
+    if not hard_lines:
+        yield from _spans_in(text, 0, len(text))
+        return
+    for line in _LINE.finditer(text):
+        yield from _spans_in(text, line.start(), line.end())
+
+
+def _spans_in(text: str, pos: int, endpos: int) -> Iterator[tuple[int, int]]:
+    first = last = None  # the current sentence's first token, the previous token
+    for token in _TOKEN.finditer(text, pos, endpos):
+        if first is None:
+            first = token
+        elif last is not None and _ends_sentence(last.group(), first is last) and _starts_sentence(token.group()):
+            yield first.start(), last.end()
+            first = token
+        last = token
+    if first is not None and last is not None:
+        yield first.start(), last.end()
+
+
+def _ends_sentence(token: str, alone: bool) -> bool:
+    """Whether a sentence may end with this whitespace-free token (`alone`: it would be the whole sentence)."""
+    core = token.rstrip(CLOSERS)
+    if not core or core[-1] not in TERMINALS:
+        return False
+    if core[-1] != "." or core.endswith(".."):
+        return True
+    word = core[:-1].lstrip(OPENERS)
+    if alone and word.isdigit() and len(word) <= 3:  # "1. Open the file." is a numbered line
+        return False
+    initial = len(word) == 1 and word.isupper() and word != "I"  # "J. R. Tolkien", not "So did I."
+    return not (initial or word in ABBREVIATIONS or _DOTTED.fullmatch(word))
+
+
+def _starts_sentence(token: str) -> bool:
+    """An opening quote or bracket, a capital, a digit, or a letter of a script without case."""
+    first = token[0]
+    return first in OPENERS or first.isdigit() or (first.isalpha() and not first.islower())
+
+
+# The input as written vs the text to translate
+
+
+class _Reference(NamedTuple):
+    """A character reference: where it is in the raw input and where its expansion is in the text."""
+
+    text_start: int
+    text_end: int
+    raw_start: int
+    raw_end: int
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A stretch of input as written (`raw`) and its text to translate: with markup, character references
+    expanded as html.unescape does; `references` locate each one in both, in order."""
+
+    raw: str
+    text: str
+    references: list[_Reference] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, raw: str, markup: bool) -> _Source:
+        if not markup or "&" not in raw:
+            return cls(raw, raw)
+        parts: list[str] = []
+        references: list[_Reference] = []
+        length = done = 0
+        for ref in _REFERENCE.finditer(raw):
+            expansion = html.unescape(ref.group())
+            length += ref.start() - done
+            references.append(_Reference(length, length + len(expansion), ref.start(), ref.end()))
+            parts += [raw[done : ref.start()], expansion]
+            length, done = length + len(expansion), ref.end()
+        parts.append(raw[done:])
+        return cls(raw, "".join(parts), references)
+
+    def to_raw(self, offset: int) -> int:
+        """The raw offset of a text offset; one inside a reference's expansion goes to the reference's start."""
+        k = bisect_right(self.references, offset, key=lambda r: r.text_start) - 1
+        if k < 0:
+            return offset
+        ref = self.references[k]
+        return ref.raw_start if offset < ref.text_end else ref.raw_end + offset - ref.text_end
+
+    def can_cut(self, offset: int) -> bool:
+        """Whether a sentence may be cut at this text offset: not inside a reference's expansion."""
+        k = bisect_right(self.references, offset, key=lambda r: r.text_start) - 1
+        inside = k >= 0 and self.references[k].text_start < offset < self.references[k].text_end
+        return not inside and _between_characters(self.text, offset)
+
+
+def _between_characters(text: str, offset: int) -> bool:
+    """Not before a combining mark or a zero-width joiner (which belong to the character before)."""
+    return offset >= len(text) or (unicodedata.category(text[offset])[0] != "M" and text[offset] != "\u200d")
+
+
+@dataclass
+class _Builder:
+    """Collects sentences and the verbatim input between them, in input order."""
+
+    markup: bool
+    sentences: list[str] = field(default_factory=list)
+    originals: list[str] = field(default_factory=list)
+    origins: list[int] = field(default_factory=list)
+    separators: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # verbatim input since the last sentence
+
+    def keep(self, raw: str) -> None:
+        self.pending.append(raw)
+
+    def add(self, sentence: str, original: str, origin: int) -> None:
+        self.separators.append("".join(self.pending))
+        self.pending.clear()
+        self.sentences.append(sentence)
+        self.originals.append(original)
+        self.origins.append(origin)
+
+    def add_text(self, raw: str, translate: bool = True) -> None:
+        """A stretch of text: its sentences (not across lines unless markup) and the whitespace around them."""
+        if translate:
+            source = _Source.of(raw, self.markup)
+            self.add_spans(source, _sentence_spans(source.text, hard_lines=not self.markup))
+        else:
+            self.keep(raw)
+
+    def add_spans(self, source: _Source, spans: Iterable[tuple[int, int]], origin: int | None = None) -> None:
+        """Sentences at these text spans of source (ascending), from sentence `origin` of the split (None:
+        each is a sentence of the split); the rest of source is kept verbatim."""
+        done = 0
+        for start, end in spans:
+            raw_start, raw_end = source.to_raw(start), source.to_raw(end)
+            self.keep(source.raw[done:raw_start])
+            self.add(
+                source.text[start:end], source.raw[raw_start:raw_end], len(self.sentences) if origin is None else origin
+            )
+            done = raw_end
+        self.keep(source.raw[done:])
+
+    def build(self) -> Document:
+        separators = [*self.separators, "".join(self.pending)]
+        return Document(self.sentences, separators, self.originals, self.origins, self.markup)
+
+
+# The markup of HTML
+
+
+def _markup_end(markup: str, i: int) -> int | None:
+    """The end of the tag, comment or declaration at markup[i] == "<"; len(markup) if the input ends inside it;
+    None if no markup starts there (a "<" of the text)."""
+    after = markup[i + 1 : i + 3]
+    if markup.startswith("<!--", i):
+        return _end_of(markup, "-->", i + 2)  # "<!-->" is a whole (empty) comment in a browser too
+    if after[:1] in ("!", "?") or (after[:1] == "/" and not _is_tag_letter(after[1:])):
+        return _end_of(markup, ">", i + 2)  # a doctype, a processing instruction, a bogus comment
+    if _is_tag_letter(after[:1]) or after[:1] == "/":
+        return _tag_end(markup, i)
+    return None
+
+
+def _is_tag_letter(char: str) -> bool:
+    return char.isascii() and char.isalpha()
+
+
+def _end_of(markup: str, marker: str, start: int) -> int:
+    found = markup.find(marker, start)
+    return len(markup) if found == -1 else found + len(marker)
+
+
+def _tag_end(markup: str, i: int) -> int:
+    """After the first ">" outside a quoted attribute value; len(markup) for a tag the input ends in."""
+    j = i + 1
+    while (stop := _TAG_STOP.search(markup, j)) is not None:
+        if stop.group() == ">":
+            return stop.end()
+        if not markup[j : stop.start()].rstrip().endswith("="):  # a quote in a name or an unquoted value
+            j = stop.end()
+            continue
+        close = markup.find(stop.group(), stop.end())
+        if close == -1:
+            return len(markup)
+        j = close + 1
+    return len(markup)
+
+
+def _after_tag(markup: str, start: int, end: int, builder: _Builder, inside: Counter[str]) -> int:
+    """Where text resumes after the tag markup[start:end]: past the content, kept verbatim, of a script or
+    style element; counts the open code and pre elements in `inside`."""
+    name = _TAG_NAME.match(markup, start, end)
+    if name is None:
+        return end
+    tag, closing = name.group(1).lower(), markup[start + 1] == "/"
+    if tag in _UNTRANSLATED:
+        inside[tag] = max(0, inside[tag] - 1) if closing else inside[tag] + 1
+    elif tag in _RAW_TEXT_END and not closing:
+        close = _RAW_TEXT_END[tag].search(markup, end)
+        resume = close.start() if close else len(markup)
+        builder.keep(markup[end:resume])
+        return resume
+    return end
+
+
+# Cutting a long sentence
+
+
+def _limit_spans(sentence: str, count: Count, limit: int, can_cut: Callable[[int], bool]) -> list[tuple[int, int]]:
+    """Spans of sentence, each within the limit, covering all of it but the whitespace at the cuts."""
+    if count(sentence) <= limit:
+        return [(0, len(sentence))]
+    start, end = len(sentence) - len(sentence.lstrip()), len(sentence.rstrip())
+    spans: list[tuple[int, int]] = []
+    while start < end:
+        window = _window(sentence, start, end, count, limit)
+        if window == end and count(sentence[start:end]) <= limit:
+            spans.append((start, end))
+            break
+        cut = _cut(sentence, start, window, count, limit, can_cut)
+        spans.append((start, cut))
+        start = _skip_space(sentence, cut)
+    return spans
+
+
+def _skip_space(text: str, offset: int) -> int:
+    space = _SPACE.match(text, offset)
+    return space.end() if space else offset
+
+
+def _window(sentence: str, start: int, end: int, count: Count, limit: int) -> int:
+    """An offset past which no piece from start fits, found by doubling: the pieces tried stay near the
+    piece's own length, so that cutting is linear in the sentence."""
+    size = max(limit, 1)
+    while start + size < end and count(sentence[start : start + size]) <= limit:
+        size *= 2
+    return min(end, start + size)
+
+
+def _cut(sentence: str, start: int, window: int, count: Count, limit: int, can_cut: Callable[[int], bool]) -> int:
+    """The end of the longest piece from start that fits, at the best kind of cut that gives one."""
+
+    def fits(cut: int) -> bool:
+        return count(sentence[start:cut]) <= limit
+
+    for cuts in _candidate_cuts(sentence, start, window, can_cut):
+        best = _last_fitting(cuts, fits)
+        if best is not None:
+            return best
+    raise TooLarge(
+        f"a sentence cannot be cut into pieces of at most {limit} tokens: the character {sentence[start]!r} "
+        f"alone counts more; raise the limit"
+    )
+
+
+def _candidate_cuts(sentence: str, start: int, window: int, can_cut: Callable[[int], bool]) -> Iterator[list[int]]:
+    """Cut offsets in (start, window], ascending, best kind first: after a clause, at whitespace, in a word."""
+    yield [m.end() for m in _CLAUSE_END.finditer(sentence, start, window)]
+    yield [m.start() for m in _SPACE.finditer(sentence, start, window)]
+    in_words = [cut for cut in range(start + 1, window + 1) if not sentence[cut - 1].isspace()]
+    yield [cut for cut in in_words if can_cut(cut)]
+    yield in_words
+
+
+def _last_fitting(cuts: list[int], fits: Callable[[int], bool]) -> int | None:
+    """The last cut that fits, by bisection (a longer piece never counts fewer tokens, nearly always)."""
+    low, high, best = 0, len(cuts) - 1, None
+    while low <= high:
+        middle = (low + high) // 2
+        if fits(cuts[middle]):
+            best, low = cuts[middle], middle + 1
+        else:
+            high = middle - 1
+    return best

@@ -1,0 +1,250 @@
+"""One served model and the text path around it: clean -> split into sentences -> token ids ->
+scheduler -> ids -> text -> rejoin in order. Also the set of loaded models and how a request's
+languages and model name select one. Knows languages and options; knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from service import text
+from service.decoding import Hypothesis, SearchOptions
+from service.engine import TokenRules, decode_batch
+from service.errors import InvalidRequest, ModelFolderError, NotFound, TooLarge
+from service.metrics import Metrics
+from service.model_folder import MANIFEST, ModelFolder, load_model_folder
+from service.runtime import OnnxRuntime, Runtime, SessionSettings
+from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+from service.settings import Settings
+from service.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TranslateOptions:
+    beam_size: int = 1
+    alternatives: int = 0  # extra hypotheses per text, besides the best
+    length_penalty: float = 1.0
+    max_length: int | None = None  # generated tokens per sentence; None: the server's cap
+    html: bool = False
+    timeout: float | None = None  # seconds; None: the server's request timeout
+
+
+@dataclass
+class Translation:
+    texts: list[str]  # one per input text
+    alternatives: list[list[str]]  # per input text, up to `alternatives` other translations
+    scores: list[float]  # per input text, the mean normalised log-probability of its sentences
+    input_tokens: int
+    output_tokens: int
+    queue_seconds: float
+    seconds: float
+
+
+@dataclass
+class Prepared:
+    documents: list[text.Document]
+    jobs: list[list[int]]  # source ids per sentence, documents concatenated
+    options: list[SearchOptions]
+
+
+class Translator:
+    def __init__(self, folder: ModelFolder, runtime: Runtime, settings: Settings, metrics: Metrics) -> None:
+        manifest = folder.manifest
+        self.folder, self.runtime, self.settings, self.metrics = folder, runtime, settings, metrics
+        self.name, self.version = manifest.name, manifest.version
+        self.source_language, self.target_languages = manifest.source_language, list(manifest.target_languages)
+        self.tokenizer = Tokenizer.from_folder(folder)
+        ids = manifest.special_ids
+        self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+        self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
+        limits = BatchLimits(
+            static=settings.batching == "static",
+            max_rows=settings.max_batch_rows,
+            max_tokens=settings.max_batch_tokens,
+            max_queue=settings.max_queue_sentences,
+        )
+        self.scheduler = Scheduler(runtime, self.rules, limits, metrics, self.name)
+
+    def warm_up(self) -> None:
+        """One real translation through both graphs before the server says it is ready."""
+        ids = self.tokenizer.encode("Hello world.", self.target_languages[0])
+        decode_batch(self.runtime, [ids], [SearchOptions(beam_size=2, max_new_tokens=8)], self.rules)
+
+    # -- preparing a request (runs in a thread: tokenizing a large request takes a while) --------
+
+    def prepare(self, texts: list[str], target: str, options: TranslateOptions) -> Prepared:
+        split = text.split_html if options.html else text.split_text
+        documents = [split(text.clean(t)).expand(self.tokenizer.count, self.max_source_tokens) for t in texts]
+        sentences = [s for doc in documents for s in doc.sentences]
+        if len(sentences) > self.settings.max_request_sentences:
+            raise TooLarge(
+                f"the request has {len(sentences)} sentences; the limit is {self.settings.max_request_sentences}"
+            )
+        jobs = [self.tokenizer.encode(s, target) for s in sentences]
+        return Prepared(documents, jobs, [self._search_options(len(ids), options) for ids in jobs])
+
+    def _search_options(self, src_len: int, options: TranslateOptions) -> SearchOptions:
+        cap = min(options.max_length or self.settings.max_output_tokens, self.settings.max_output_tokens)
+        relative = int(self.settings.max_output_ratio * src_len) + 10
+        beam = max(options.beam_size, options.alternatives + 1)
+        search = SearchOptions(beam, min(cap, relative), options.length_penalty, options.alternatives + 1)
+        if not self.scheduler.fits(search, src_len):
+            raise TooLarge(
+                f"a sentence of {src_len} tokens with beam size {beam} does not fit the batch limits "
+                f"(max_batch_rows {self.settings.max_batch_rows}, max_batch_tokens {self.settings.max_batch_tokens})"
+            )
+        return search
+
+    # -- translating -----------------------------------------------------------------------------
+
+    async def translate(self, texts: list[str], target: str, options: TranslateOptions) -> Translation:
+        started = time.monotonic()
+        prepared = await asyncio.to_thread(self.prepare, texts, target, options)
+        ticket = await self._run(prepared, options, started)
+        hypotheses: list[list[Hypothesis]] = [r for r in ticket.results if r is not None]
+        texts, alternatives, scores = await asyncio.to_thread(self._assemble, prepared, hypotheses, options)
+        return Translation(
+            texts,
+            alternatives,
+            scores,
+            input_tokens=sum(len(ids) for ids in prepared.jobs),
+            output_tokens=sum(len(h[0].tokens) for h in hypotheses),
+            queue_seconds=ticket.queue_seconds,
+            seconds=time.monotonic() - started,
+        )
+
+    async def _run(self, prepared: Prepared, options: TranslateOptions, started: float) -> Ticket:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Ticket] = loop.create_future()
+
+        def on_done(ticket: Ticket) -> None:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(ticket))
+
+        timeout = min(options.timeout or self.settings.request_timeout_seconds, self.settings.request_timeout_seconds)
+        ticket = Ticket(len(prepared.jobs), started + timeout, on_done)
+        if not prepared.jobs:
+            return ticket
+        self.scheduler.submit(
+            [
+                SentenceJob(ids, o, ticket, i)
+                for i, (ids, o) in enumerate(zip(prepared.jobs, prepared.options, strict=True))
+            ]
+        )
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            ticket.cancelled = True  # the client went away: the scheduler drops its rows
+            raise
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket
+
+    def _assemble(
+        self, prepared: Prepared, hypotheses: list[list[Hypothesis]], options: TranslateOptions
+    ) -> tuple[list[str], list[list[str]], list[float]]:
+        """Per document: its sentences' best hypotheses joined; alternative k joins each sentence's k-th."""
+        texts, alternatives, scores, offset = [], [], [], 0
+        for doc in prepared.documents:
+            mine = hypotheses[offset : offset + len(doc.sentences)]
+            offset += len(doc.sentences)
+            decoded = [[self.tokenizer.decode(h.tokens) for h in sentence] for sentence in mine]
+            texts.append(doc.join([d[0] for d in decoded]))
+            alternatives.append(
+                [doc.join([d[min(k, len(d) - 1)] for d in decoded]) for k in range(1, options.alternatives + 1)]
+            )
+            scores.append(sum(s[0].score for s in mine) / len(mine) if mine else 0.0)
+        return texts, alternatives, scores
+
+
+class Registry:
+    """The loaded models, and the rules that pick one for a request."""
+
+    def __init__(self, translators: list[Translator]) -> None:
+        self.translators = {t.name: t for t in translators}
+
+    def pick(self, source: str, target: str, model: str | None) -> tuple[Translator, str]:
+        """-> (translator, resolved source language). 'auto' resolves when one source language fits."""
+        if model is not None:
+            if model not in self.translators:
+                raise NotFound(f"no model named {model!r}; loaded: {', '.join(sorted(self.translators))}")
+            candidates = [self.translators[model]]
+        else:
+            candidates = list(self.translators.values())
+        fitting = [t for t in candidates if target in t.target_languages and source in ("auto", t.source_language)]
+        sources = sorted({t.source_language for t in fitting})
+        if not fitting:
+            pairs = sorted(f"{t.source_language}->{tl}" for t in candidates for tl in t.target_languages)
+            raise InvalidRequest(f"language pair {source}->{target} is not supported; available: {', '.join(pairs)}")
+        if len(sources) > 1:
+            raise InvalidRequest(f"source 'auto' is ambiguous for target {target}: set source to one of {sources}")
+        return fitting[0], sources[0]
+
+    def languages(self) -> list[dict[str, object]]:
+        """LibreTranslate's /languages: one entry per language with the targets it can go to."""
+        targets: dict[str, set[str]] = {}
+        for t in self.translators.values():
+            targets.setdefault(t.source_language, set()).update(t.target_languages)
+            for target in t.target_languages:
+                targets.setdefault(target, set())
+        return [
+            {"code": code, "name": language_name(code), "targets": sorted(ts)} for code, ts in sorted(targets.items())
+        ]
+
+
+LANGUAGE_NAMES = {
+    "en": "English",
+    "fr": "French",
+    "de": "German",
+    "es": "Spanish",
+    "it": "Italian",
+    "pt": "Portuguese",
+    "nl": "Dutch",
+    "ru": "Russian",
+    "zh": "Chinese",
+    "ja": "Japanese",
+    "ar": "Arabic",
+    "pl": "Polish",
+}
+
+
+def language_name(code: str) -> str:
+    return LANGUAGE_NAMES.get(code, code)
+
+
+def model_folders(settings: Settings) -> list[Path]:
+    root = settings.models_dir
+    if not root.is_dir():
+        raise ModelFolderError(f"models_dir {root} is not a folder")
+    if settings.models:
+        return [root / name for name in settings.models]
+    found = sorted(p for p in root.iterdir() if (p / MANIFEST).is_file())
+    if not found:
+        raise ModelFolderError(f"no model folders (subfolders with {MANIFEST}) in {root}")
+    return found
+
+
+def load_translators(settings: Settings, metrics: Metrics) -> list[Translator]:
+    session = SessionSettings(settings.ort_providers(), settings.intra_op_threads, settings.inter_op_threads)
+    translators = []
+    for path in model_folders(settings):
+        folder = load_model_folder(path, settings.verify_checksums)
+        runtime = OnnxRuntime(folder, settings.variant, session)
+        translator = Translator(folder, runtime, settings, metrics)
+        variant = settings.variant or folder.manifest.default_variant
+        metrics.model_info.labels(translator.name, translator.version, variant, runtime.providers[0]).set(1)
+        log.info(
+            "loaded model %s %s (%s, %s) from %s",
+            translator.name,
+            translator.version,
+            variant,
+            runtime.providers[0],
+            path,
+        )
+        translators.append(translator)
+    return translators

@@ -1,0 +1,57 @@
+"""A fake Runtime for scheduler tests: deterministic next-token log-probabilities that depend only on a
+row's own source, position, last token and cached history, so a mixed-up cache row changes the output."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.kv_cache import DecoderCache
+from service.runtime import Memory, StepOutput
+
+VOCAB, PAD, START, EOS = 12, 0, 1, 2
+
+
+class FakeRuntime:
+    n_layers, n_heads, head_dim = 1, 1, 1
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.encoder_calls: list[int] = []  # batch size of each encoder call
+        self.step_rows: list[int] = []
+        self.fail_next_step = False
+        self.fail_next_encode = False
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
+        if self.fail_next_encode:
+            self.fail_next_encode = False
+            raise RuntimeError("injected encoder failure")
+        self.encoder_calls.append(len(src_ids))
+        signature = (np.where(src_mask, src_ids, 0) * np.arange(1, src_ids.shape[1] + 1)).sum(1) % 9973  # (b,)
+        keys = np.zeros((1, len(src_ids), 1, 1, src_ids.shape[1]), np.float32)  # (L, b, H, Dh, S)
+        keys[0, :, 0, 0, 0] = signature
+        return Memory(keys, np.zeros((1, len(src_ids), 1, src_ids.shape[1], 1), np.float32))
+
+    def step(self, input_ids: np.ndarray, cache: DecoderCache) -> StepOutput:
+        self.steps += 1
+        self.step_rows.append(len(input_ids))
+        if self.fail_next_step:
+            self.fail_next_step = False
+            raise RuntimeError("injected decoder failure")
+        history = (cache.self_keys[0, :, 0, 0, :] * cache.self_mask).sum(1)  # (B,)
+        log_probs = np.stack(
+            [
+                row_log_probs(int(sig), int(pos), int(tok), float(h))
+                for sig, pos, tok, h in zip(
+                    cache.cross_keys[0, :, 0, 0, 0], cache.lengths, input_ids, history, strict=True
+                )
+            ]
+        )  # (B, V)
+        step_keys = input_ids.astype(np.float32).reshape(1, -1, 1, 1)  # (L, B, H, Dh)
+        return StepOutput(log_probs.astype(np.float32), step_keys, step_keys.copy())
+
+
+def row_log_probs(signature: int, position: int, last: int, history: float) -> np.ndarray:
+    rng = np.random.default_rng([signature, position, last, int(history)])
+    logits = rng.normal(scale=2.0, size=VOCAB)
+    logits[EOS] += position * 0.6 - 2.0  # sentences end at varied lengths
+    return logits - np.logaddexp.reduce(logits)

@@ -1,0 +1,213 @@
+"""The HTTP API with a real tiny model folder and real ONNX Runtime sessions: LibreTranslate
+compatibility, our extras, and every error path with its status and message."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+from service.decoding import SearchOptions
+from service.engine import decode_batch
+from service.model_folder import load_model_folder
+from service.runtime import OnnxRuntime
+from service.settings import Settings
+from service.tokenizer import Tokenizer
+
+
+def settings_for(model_dir: Path, **changes: object) -> Settings:
+    return Settings(models_dir=model_dir.parent, models=[model_dir.name], intra_op_threads=1, **changes)
+
+
+@pytest.fixture(scope="module")
+def client(model_dir: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(settings_for(model_dir))) as c:
+        yield c
+
+
+def solo(model_dir: Path, text: str, beam_size: int = 1) -> str:
+    """The sentence translated alone, outside the server: tokenizer + the plain decoding loop."""
+    folder = load_model_folder(model_dir)
+    tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
+    from service.engine import TokenRules
+
+    src = tokenizer.encode(text, "fr")
+    options = SearchOptions(beam_size=beam_size, max_new_tokens=min(256, int(2.0 * len(src)) + 10))
+    hyps = decode_batch(OnnxRuntime(folder), [src], [options], TokenRules(ids.decoder_start, ids.eos, ids.pad))
+    return tokenizer.decode(hyps[0][0].tokens)
+
+
+def test_translate_a_string(client: TestClient, model_dir: Path) -> None:
+    response = client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["translatedText"] == solo(model_dir, "Open the file.")
+    assert body["alternatives"] == []
+    assert body["usage"]["input_tokens"] > 0 and body["usage"]["model"] == "tiny-en-fr"
+    assert "detectedLanguage" not in body
+    assert response.headers["x-request-id"]
+
+
+def test_translate_a_list_with_beam_and_alternatives(client: TestClient, model_dir: Path) -> None:
+    q = ["Save the document as %s.", "Delete %d items?"]
+    response = client.post(
+        "/translate",
+        json={"q": q, "source": "en", "target": "fr", "beam_size": 3, "alternatives": 2, "return_scores": True},
+    )
+    body = response.json()
+    assert body["translatedText"] == [solo(model_dir, s, beam_size=3) for s in q]
+    assert len(body["alternatives"]) == 2 and all(len(a) == 2 for a in body["alternatives"])
+    assert len(body["scores"]) == 2 and all(s <= 0 for s in body["scores"])
+
+
+def test_form_encoded_body_and_auto_source(client: TestClient, model_dir: Path) -> None:
+    response = client.post("/translate", data={"q": "Open the file.", "source": "auto", "target": "fr"})
+    assert response.status_code == 200, response.text
+    assert response.json()["translatedText"] == solo(model_dir, "Open the file.")
+    assert response.json()["detectedLanguage"] == {"language": "en", "confidence": 100.0}
+
+
+def test_paragraphs_and_sentences_are_kept_in_order(client: TestClient, model_dir: Path) -> None:
+    text = "Open the file. Delete %d items?\n\nCannot connect to the server."
+    body = client.post("/translate", json={"q": text, "source": "en", "target": "fr"}).json()
+    expected = (
+        f"{solo(model_dir, 'Open the file.')} {solo(model_dir, 'Delete %d items?')}\n\n"
+        f"{solo(model_dir, 'Cannot connect to the server.')}"
+    )
+    assert body["translatedText"] == expected
+
+
+def test_html_keeps_tags(client: TestClient, model_dir: Path) -> None:
+    body = client.post(
+        "/translate",
+        json={"q": "<p>Open the file.</p><code>x = 1</code>", "source": "en", "target": "fr", "format": "html"},
+    ).json()
+    assert body["translatedText"].startswith("<p>") and body["translatedText"].endswith("</p><code>x = 1</code>")
+
+
+@pytest.mark.parametrize("q", ["", "   ", "\n\n"])
+def test_empty_and_blank_text_come_back_unchanged(client: TestClient, q: str) -> None:
+    body = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()
+    assert body["translatedText"] == q and body["usage"]["output_tokens"] == 0
+
+
+def test_languages_models_health_ready_metrics(client: TestClient) -> None:
+    assert client.get("/languages").json() == [
+        {"code": "en", "name": "English", "targets": ["fr"]},
+        {"code": "fr", "name": "French", "targets": []},
+    ]
+    model = client.get("/v1/models").json()["models"][0]
+    assert model["name"] == "tiny-en-fr" and model["variant"] == "fp32" and model["config"]["d_model"] == 32
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/ready").json()["status"] == "ready"
+    metrics = client.get("/metrics").text
+    assert (
+        'mt_model_info{model="tiny-en-fr",provider="CPUExecutionProvider",variant="fp32",version="0.0.1"} 1.0'
+        in metrics
+    )
+    assert "mt_decoder_step_duration_seconds_bucket" in metrics and "mt_ready 1.0" in metrics
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"q": "x", "source": "en", "target": "de"}, 400, "language pair en->de is not supported; available: en->fr"),
+        ({"q": "x", "source": "de", "target": "fr"}, 400, "language pair de->fr is not supported"),
+        ({"q": "x", "source": "en", "target": "fr", "beam_size": 9}, 400, "beam_size and alternatives \\+ 1 may be"),
+        ({"q": "x", "source": "en", "target": "fr", "max_length": 100000}, 400, "max_length may be at most 256"),
+        ({"q": "x", "source": "en", "target": "fr", "model": "nope"}, 404, "no model named 'nope'; loaded: tiny-en-fr"),
+        ({"q": "x", "source": "en"}, 422, "invalid request: target: Field required"),
+        ({"q": 5, "source": "en", "target": "fr"}, 422, "invalid request: q"),
+        ({"q": "x", "source": "en", "target": "fr", "format": "pdf"}, 422, "format: Input should be 'text' or 'html'"),
+        ({"q": "x", "source": "en", "target": "fr", "beam_size": 0}, 422, "beam_size: Input should be greater"),
+        ({"q": ["x"] * 129, "source": "en", "target": "fr"}, 413, "q has 129 texts; the limit is 128"),
+        ({"q": "x" * 50_001, "source": "en", "target": "fr"}, 413, "q has 50001 characters; the limit is 50000"),
+    ],
+)
+def test_bad_requests(client: TestClient, body: dict, status: int, message: str) -> None:
+    response = client.post("/translate", json=body)
+    assert response.status_code == status, response.text
+    assert set(response.json()) == {"error"}
+    assert pytest.importorskip("re").search(message, response.json()["error"]), response.json()["error"]
+
+
+def test_bodies_that_are_not_json(client: TestClient) -> None:
+    response = client.post("/translate", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 422 and "not valid JSON" in response.json()["error"]
+    response = client.post("/translate", content=b"\xff\xfe", headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    response = client.post("/translate", content=b"[1, 2]", headers={"content-type": "application/json"})
+    assert response.status_code == 422 and "expected a JSON object" in response.json()["error"]
+    response = client.post("/translate", content=b"q=x", headers={"content-type": "text/plain"})
+    assert response.status_code == 415 and "unsupported content type 'text/plain'" in response.json()["error"]
+
+
+def test_oversized_body_is_refused_before_reading(client: TestClient) -> None:
+    response = client.post("/translate", content=b"x" * 1_000_001, headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "the limit is 1000000" in response.json()["error"]
+
+
+def test_unknown_route_and_method(client: TestClient) -> None:
+    assert client.get("/nope").json() == {"error": "Not Found"}
+    assert client.get("/translate").status_code == 405
+
+
+def test_api_keys(model_dir: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir, api_keys=["s3cret", "other"]))) as c:
+        body = {"q": "Open the file.", "source": "en", "target": "fr"}
+        missing = c.post("/translate", json=body)
+        assert missing.status_code == 403 and missing.json() == {"error": "this server needs an api_key"}
+        wrong = c.post("/translate", json={**body, "api_key": "guess"})
+        assert wrong.status_code == 403 and wrong.json() == {"error": "a valid api_key is required"}
+        assert c.post("/translate", json={**body, "api_key": "other"}).status_code == 200
+        assert c.post("/translate", json=body, headers={"x-api-key": "s3cret"}).status_code == 200
+
+
+def test_full_queue_is_503_with_retry_after(model_dir: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir, max_queue_sentences=1))) as c:
+        response = c.post(
+            "/translate", json={"q": ["Open the file.", "Delete %d items?"], "source": "en", "target": "fr"}
+        )
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert "the queue is full (1 sentences waiting)" in response.json()["error"]
+        assert c.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
+        assert 'mt_rejected_requests_total{reason="queue_full"} 1.0' in c.get("/metrics").text
+
+
+def test_deadline_is_504_and_the_server_goes_on(client: TestClient) -> None:
+    response = client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr", "timeout": 1e-6})
+    assert response.status_code == 504
+    assert response.json() == {"error": "the request's deadline passed before its translation finished"}
+    assert client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
+
+
+def test_inference_failure_is_500_for_that_batch_only(client: TestClient) -> None:
+    translator = client.app.state.service.registry.translators["tiny-en-fr"]
+    real_step = translator.runtime.step
+    calls = []
+
+    def failing_step(*args: object) -> object:
+        if not calls:
+            calls.append(1)
+            raise RuntimeError("simulated ONNX Runtime failure")
+        return real_step(*args)
+
+    translator.runtime.step = failing_step
+    try:
+        response = client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"})
+        assert response.status_code == 500 and response.json() == {"error": "inference failed: RuntimeError"}
+        assert (
+            client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
+        )
+    finally:
+        translator.runtime.step = real_step
+
+
+def test_openapi_documents_the_translate_body(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    body = spec["paths"]["/translate"]["post"]["requestBody"]["content"]
+    assert {"application/json", "application/x-www-form-urlencoded"} <= set(body)
+    assert "q" in body["application/json"]["schema"]["properties"]

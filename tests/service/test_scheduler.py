@@ -1,0 +1,166 @@
+"""The scheduler with a fake runtime: joining and leaving, budgets, a full queue, deadlines,
+cancellation, a failing batch, static mode; and a sentence's output never depends on its batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.decoding import SearchOptions
+from service.engine import TokenRules, decode_batch
+from service.errors import DeadlineExceeded, InferenceError, Overloaded
+from service.metrics import Metrics
+from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+from tests.fakes import EOS, PAD, START, FakeRuntime
+
+RULES = TokenRules(decoder_start_id=START, eos_id=EOS, pad_id=PAD)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def sources(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [list(rng.integers(3, 12, size=int(rng.integers(1, 9)))) + [EOS] for _ in range(n)]
+
+
+def make(limits: BatchLimits | None = None) -> tuple[Scheduler, FakeRuntime, Clock]:
+    runtime, clock = FakeRuntime(), Clock()
+    return Scheduler(runtime, RULES, limits or BatchLimits(), Metrics(), "fake", clock=clock), runtime, clock
+
+
+def submit(scheduler: Scheduler, srcs: list[list[int]], options: SearchOptions, deadline: float = 1e9) -> Ticket:
+    done: list[Ticket] = []
+    ticket = Ticket(len(srcs), deadline, done.append)
+    scheduler.submit([SentenceJob(s, options, ticket, i) for i, s in enumerate(srcs)])
+    return ticket
+
+
+def drain(scheduler: Scheduler, limit: int = 1000) -> None:
+    for _ in range(limit):
+        if scheduler.idle:
+            return
+        scheduler.run_once()
+    raise AssertionError("scheduler did not drain")
+
+
+def alone(src: list[int], options: SearchOptions) -> list:
+    return decode_batch(FakeRuntime(), [src], [options], RULES)[0]
+
+
+GREEDY, BEAM = SearchOptions(max_new_tokens=12), SearchOptions(beam_size=3, max_new_tokens=12, n_best=3)
+
+
+def test_sentences_joining_a_running_batch_get_their_solo_results() -> None:
+    scheduler, runtime, _ = make()
+    srcs = sources(12)
+    tickets = []
+    for i, src in enumerate(srcs):  # a newcomer every iteration, mixing greedy and beam
+        tickets.append(submit(scheduler, [src], BEAM if i % 3 == 0 else GREEDY))
+        scheduler.run_once()
+    drain(scheduler)
+    assert max(runtime.step_rows) > 4  # they really shared steps
+    for i, (src, ticket) in enumerate(zip(srcs, tickets, strict=True)):
+        assert ticket.finished and ticket.error is None
+        assert ticket.results[0] == alone(src, BEAM if i % 3 == 0 else GREEDY)
+
+
+def test_row_limit_and_token_budget_bound_every_step() -> None:
+    scheduler, runtime, _ = make(BatchLimits(max_rows=5, max_tokens=10_000))
+    ticket = submit(scheduler, sources(9, seed=1), GREEDY)
+    beams = submit(scheduler, sources(3, seed=2), BEAM)
+    drain(scheduler)
+    assert max(runtime.step_rows) <= 5 and ticket.finished and beams.finished
+    scheduler, runtime, _ = make(BatchLimits(max_tokens=60))  # each sentence reserves source length + 12
+    ticket = submit(scheduler, sources(8, seed=3), GREEDY)
+    while not scheduler.idle:
+        scheduler.run_once()
+        assert sum(r.job.reserved_tokens for r in scheduler.active) <= 60
+    assert max(runtime.step_rows) in (2, 3, 4) and ticket.finished
+
+
+def test_encoder_runs_once_per_sentence_in_length_buckets() -> None:
+    scheduler, runtime, _ = make()
+    srcs = [[5] * 2 + [EOS], [6] * 3 + [EOS], [7] * 40 + [EOS], [8] * 45 + [EOS]]
+    submit(scheduler, srcs, BEAM)
+    drain(scheduler)
+    assert sorted(runtime.encoder_calls) == [2, 2]  # short ones together, long ones together; never again
+
+
+def test_full_queue_refuses_at_once() -> None:
+    scheduler, _, _ = make(BatchLimits(max_queue=4))
+    submit(scheduler, sources(3), GREEDY)
+    with pytest.raises(Overloaded, match="the queue is full \\(4 sentences waiting\\)"):
+        submit(scheduler, sources(2), GREEDY)
+    assert len(scheduler.waiting) == 3  # all or nothing
+
+
+def test_deadline_fails_the_request_and_drops_its_rows() -> None:
+    scheduler, runtime, clock = make()
+    late = submit(scheduler, sources(2, seed=4), SearchOptions(max_new_tokens=50), deadline=5.0)
+    other = submit(scheduler, sources(2, seed=5), GREEDY)
+    scheduler.run_once()
+    clock.now = 6.0
+    scheduler.run_once()
+    assert isinstance(late.error, DeadlineExceeded)
+    assert all(r.job.ticket is not late for r in scheduler.active)
+    assert scheduler.cache.rows == sum(r.search.rows for r in scheduler.active)
+    drain(scheduler)
+    assert other.error is None and other.results == [alone(s, GREEDY) for s in sources(2, seed=5)]
+
+
+def test_cancelled_request_stops_its_rows() -> None:
+    scheduler, runtime, _ = make()
+    gone = submit(scheduler, sources(4, seed=6), SearchOptions(beam_size=3, max_new_tokens=40))
+    scheduler.run_once()
+    gone.cancelled = True
+    steps_before = runtime.steps
+    scheduler.run_once()
+    assert scheduler.idle and runtime.steps == steps_before  # nothing left to run
+    assert scheduler.metrics.cancelled.labels("fake")._value.get() == 1
+
+
+def test_a_failing_step_fails_only_its_batch() -> None:
+    scheduler, runtime, _ = make()
+    first = submit(scheduler, sources(3, seed=7), GREEDY)
+    scheduler.run_once()
+    runtime.fail_next_step = True
+    scheduler.run_once()
+    assert isinstance(first.error, InferenceError)
+    after = submit(scheduler, sources(2, seed=8), GREEDY)
+    drain(scheduler)
+    assert after.error is None and after.results == [alone(s, GREEDY) for s in sources(2, seed=8)]
+
+
+def test_a_failing_encoder_pass_fails_only_its_sentences() -> None:
+    scheduler, runtime, _ = make()
+    runtime.fail_next_encode = True
+    broken = submit(scheduler, sources(1, seed=9), GREEDY)
+    scheduler.run_once()
+    fine = submit(scheduler, sources(1, seed=10), GREEDY)
+    drain(scheduler)
+    assert isinstance(broken.error, InferenceError) and fine.error is None
+
+
+def test_static_mode_runs_each_batch_to_completion() -> None:
+    scheduler, runtime, _ = make(BatchLimits(static=True))
+    first = submit(scheduler, sources(3, seed=11), GREEDY)
+    scheduler.run_once()
+    second = submit(scheduler, sources(3, seed=12), GREEDY)
+    while not first.finished:
+        scheduler.run_once()
+        assert not any(r.job.ticket is second for r in scheduler.active)
+    drain(scheduler)
+    assert second.results == [alone(s, GREEDY) for s in sources(3, seed=12)]
+
+
+def test_fits_rejects_sentences_that_can_never_run() -> None:
+    scheduler, _, _ = make(BatchLimits(max_rows=4, max_tokens=100))
+    assert scheduler.fits(SearchOptions(beam_size=4, max_new_tokens=10), 10)
+    assert not scheduler.fits(SearchOptions(beam_size=5, max_new_tokens=10), 10)
+    assert not scheduler.fits(SearchOptions(beam_size=2, max_new_tokens=50), 10)

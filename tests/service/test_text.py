@@ -1,0 +1,397 @@
+"""Text is cleaned, split into sentences and put back together exactly: every separator, tag, comment and
+character reference survives, and identity translation rebuilds any input character for character."""
+
+import html
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.errors import InvalidRequest, TooLarge
+from service.text import Document, clean, limit_sentence, split, split_html, split_text
+
+FAST = settings(max_examples=150, deadline=None)
+
+
+def words(text: str) -> int:
+    """A stand-in tokenizer: one token per word, plus eos."""
+    return 1 + len(text.split())
+
+
+def pieces(text: str) -> int:
+    """A stand-in tokenizer that also cuts long words: one token per word and per 8 characters, plus eos."""
+    return 1 + len(text.split()) + len(text) // 8
+
+
+def rebuilt(doc: Document) -> str:
+    return doc.join(doc.sentences)
+
+
+# clean
+
+
+@pytest.mark.parametrize(
+    ("raw", "cleaned"),
+    [
+        ("a\r\nb\rc\n", "a\nb\nc\n"),
+        ("tab\tkept\x00\x07\x1b\x7f\x85\x9f", "tab\tkept"),
+        ("lone \ud800 and \udfff", "lone \ufffd and \ufffd"),
+        ("pair \ud83d\ude00", "pair \U0001f600"),
+        ("e\u0301 Å", "\u00e9 \u00c5"),
+        ("", ""),
+    ],
+)
+def test_clean(raw: str, cleaned: str) -> None:
+    assert clean(raw) == cleaned
+
+
+@given(st.text(st.characters(exclude_categories=())))
+@FAST
+def test_clean_never_raises_and_leaves_no_controls(text: str) -> None:
+    cleaned = clean(text)
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]", cleaned)
+    assert clean(cleaned) == cleaned
+
+
+# split_text: sentence rules
+
+
+@pytest.mark.parametrize(
+    ("text", "sentences"),
+    [
+        ("Open the file. Save it! Quit? Now", ["Open the file.", "Save it!", "Quit?", "Now"]),
+        ("Really?! Yes… No", ["Really?!", "Yes…", "No"]),
+        ('He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),
+        ("It works (mostly.) But why?", ["It works (mostly.)", "But why?"]),
+        (
+            'Done. "Quoted" start. (Bracketed) start. ¿Qué? 42 is it.',
+            ["Done.", '"Quoted" start.', "(Bracketed) start.", "¿Qué?", "42 is it."],
+        ),
+        ("Lower. case does not split. this stays", ["Lower. case does not split. this stays"]),
+        ("Ask Mr. Smith and Dr. Who. Then go.", ["Ask Mr. Smith and Dr. Who.", "Then go."]),
+        ("Fruit, e.g. Apples, i.e. Red ones. Also U.S. Law.", ["Fruit, e.g. Apples, i.e. Red ones.", "Also U.S. Law."]),
+        (
+            "Pens, paper etc. Were bought. See No. 5 and Fig. 2 vs. Fig. 3.",
+            ["Pens, paper etc. Were bought.", "See No. 5 and Fig. 2 vs. Fig. 3."],
+        ),
+        ("Written by J. R. R. Tolkien. So did I. Then", ["Written by J. R. R. Tolkien.", "So did I.", "Then"]),
+        (
+            "Pi is 3.14 today. Version 2.0.1 of setup.py is out. Visit https://example.com/a.b?c=d. Fine",
+            ["Pi is 3.14 today.", "Version 2.0.1 of setup.py is out.", "Visit https://example.com/a.b?c=d.", "Fine"],
+        ),
+        ("Wait...what? Wait... and then. It is 10. Over", ["Wait...what?", "Wait... and then.", "It is 10.", "Over"]),
+        ("1. Open the file. 2. Save it.", ["1. Open the file.", "2. Save it."]),
+        ("Ende. Über alles. 東京. Мир.", ["Ende.", "Über alles.", "東京.", "Мир."]),
+        ("a.b.c. A", ["a.b.c. A"]),
+    ],
+)
+def test_sentence_rules(text: str, sentences: list[str]) -> None:
+    assert split_text(text).sentences == sentences
+
+
+def test_lines_and_whitespace_are_kept_exactly() -> None:
+    text = "  \n\n  First line. Second.  \n\tIndented line\n\n\nLast paragraph.\n"
+    doc = split_text(text)
+    assert doc.sentences == ["First line.", "Second.", "Indented line", "Last paragraph."]
+    assert doc.separators == ["  \n\n  ", " ", "  \n\t", "\n\n\n", "\n"]
+    assert doc.join(["1", "2", "3", "4"]) == "  \n\n  1 2  \n\t3\n\n\n4\n"
+
+
+def test_a_sentence_never_crosses_a_line() -> None:
+    assert split_text("no stop here\nnor here\u2028and here").sentences == ["no stop here", "nor here", "and here"]
+
+
+@pytest.mark.parametrize("text", ["", " ", "\n\n\n", " \t\n \u3000\xa0"])
+def test_blank_text_has_no_sentences(text: str) -> None:
+    doc = split_text(text)
+    assert doc.sentences == []
+    assert doc.join([]) == text
+
+
+def test_html_in_plain_text_is_plain_text() -> None:
+    doc = split_text("<b>Bold.</b> &amp; <script>x. Y</script>")
+    assert doc.sentences == ["<b>Bold.</b> &amp; <script>x.", "Y</script>"]
+    assert doc.join(["<i>", "&"]) == "<i> &"
+
+
+def test_join_wants_one_translation_per_sentence() -> None:
+    with pytest.raises(ValueError, match="1 translations for 2 sentences"):
+        split_text("One. Two.").join(["Un."])
+
+
+def test_split_by_format() -> None:
+    assert split("<b>Hi.</b>", "html").sentences == ["Hi."]
+    assert split("<b>Hi.</b>", "text").sentences == ["<b>Hi.</b>"]
+    with pytest.raises(InvalidRequest, match="format 'xml' is not supported; use 'text' or 'html'"):
+        split("x", "xml")
+
+
+# split_html
+
+
+def test_html_translates_text_between_tags_only() -> None:
+    page = (
+        "<!DOCTYPE html>\n<html><head><title>My page</title></head>\n"
+        '<body class="x"><p title="Not this.">Hello. World</p></body></html>'
+    )
+    doc = split_html(page)
+    assert doc.sentences == ["My page", "Hello.", "World"]
+    assert doc.join(["Ma page", "Bonjour.", "Monde"]) == page.replace("My page", "Ma page").replace(
+        "Hello. World", "Bonjour. Monde"
+    )
+
+
+def test_html_references_are_unescaped_for_translation_and_translations_escaped() -> None:
+    doc = split_html("<p>Fish &amp; chips&nbsp;&lt;3. &Eacute;t&eacute; &#169; &bogus; x</p>")
+    assert doc.sentences == ["Fish & chips\xa0<3.", "Été © &bogus; x"]
+    assert doc.originals == ["Fish &amp; chips&nbsp;&lt;3.", "&Eacute;t&eacute; &#169; &bogus; x"]
+    translated = doc.join(["Poisson & frites <3.", doc.sentences[1]])
+    assert translated == "<p>Poisson &amp; frites &lt;3. &Eacute;t&eacute; &#169; &bogus; x</p>"
+
+
+def test_html_whitespace_references_are_separators() -> None:
+    doc = split_html("<td>&nbsp;Cell.&#32;Next.&nbsp;</td>")
+    assert doc.sentences == ["Cell.", "Next."]
+    assert doc.separators == ["<td>&nbsp;", "&#32;", "&nbsp;</td>"]
+
+
+def test_html_text_nodes_are_split_around_inline_tags_and_across_newlines() -> None:
+    doc = split_html("<p>This is <b>bold</b> text that\n  wraps. Next one.<br>After</p>")
+    assert doc.sentences == ["This is", "bold", "text that\n  wraps.", "Next one.", "After"]
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [
+        "<script>var s = '<p>Do not. Translate</p>';</script>",
+        "<SCRIPT type='x'>if (a < b) { x(); }</SCRIPT >",
+        "<style>p::after { content: 'No. Never'; }</style>",
+        "<code>print('Not this.')</code>",
+        "<pre>Keep <b>this</b> as is.\n  Really.</pre>",
+        "<PRE><code>nested</code> still <i>kept</i></PRE>",
+        "<!-- A comment. Not translated -->",
+        "<!DOCTYPE html>",
+        "<?xml version='1.0'?>",
+        "<![CDATA[raw]]>",
+        '<img alt="Alt text. Not translated" src="a.png"/>',
+        '<a href=\'x\' title="a > b" data-x="it\'s">',
+    ],
+)
+def test_html_untranslated_parts(kept: str) -> None:
+    doc = split_html(f"<p>Before.</p>{kept}<p>After.</p>")
+    assert doc.sentences == ["Before.", "After."]
+    assert kept in doc.separators[1]
+
+
+def test_html_unmatched_code_close_is_ignored() -> None:
+    assert split_html("</code>Text. <pre>x</pre> More.").sentences == ["Text.", "More."]
+
+
+@pytest.mark.parametrize(
+    ("markup", "sentences"),
+    [
+        ("Hello. <b", ["Hello."]),  # an unterminated tag runs to the end, untranslated
+        ("Hello. <a href='x>More. Text", ["Hello."]),
+        ("Hello. <!-- not closed. Text", ["Hello."]),
+        ("Hello. <script>never closed. Text", ["Hello."]),
+        ("Hello. <pre>never closed. Text", ["Hello."]),
+        ("Hello. <!doctype", ["Hello."]),
+        ("a < b. C > d. 1 <2", ["a < b.", "C > d.", "1 <2"]),  # a "<" that starts no tag is text
+        ("x <é> y", ["x <é> y"]),
+        ("<!-->Text.", ["Text."]),
+    ],
+)
+def test_html_unterminated_and_stray_markup(markup: str, sentences: list[str]) -> None:
+    doc = split_html(markup)
+    assert doc.sentences == sentences
+    assert rebuilt(doc) == markup
+
+
+# limit_sentence and expand
+
+
+def test_a_sentence_within_the_limit_is_kept_whole() -> None:
+    assert limit_sentence(" Short one. ", words, 10) == [" Short one. "]
+
+
+def test_long_sentences_are_cut_after_clauses_first() -> None:
+    sentence = "alpha beta, gamma delta; epsilon zeta eta: theta iota kappa lambda"
+    pieces = limit_sentence(sentence, words, 5)
+    assert pieces == ["alpha beta, gamma delta;", "epsilon zeta eta:", "theta iota kappa lambda"]
+
+
+def test_then_at_whitespace() -> None:
+    pieces = limit_sentence("one two three four five six seven eight", words, 5)
+    assert pieces == ["one two three four", "five six seven eight"]
+    assert all(words(piece) <= 5 for piece in pieces)
+
+
+def test_inside_a_word_only_as_a_last_resort() -> None:
+    pieces = limit_sentence("abcdefghijklmnopqrstuvwxyz end", len, 10)
+    assert pieces == ["abcdefghij", "klmnopqrst", "uvwxyz end"]
+
+
+def test_a_word_is_not_cut_before_a_combining_mark() -> None:
+    pieces = limit_sentence("abcde\u0301fgh", len, 5)
+    assert pieces == ["abcd", "e\u0301fgh"]
+
+
+def test_a_character_over_the_limit_is_too_large() -> None:
+    with pytest.raises(TooLarge, match="cannot be cut into pieces of at most 1 tokens.*raise the limit"):
+        limit_sentence("ab cd", lambda text: len(text) + 1, 1)
+
+
+def test_expand_keeps_the_original_separators_and_records_origins() -> None:
+    doc = split_text("Short.  One two three four five six seven eight\n\nEnd.")
+    expanded = doc.expand(words, 5)
+    assert expanded.sentences == ["Short.", "One two three four", "five six seven eight", "End."]
+    assert expanded.origins == [0, 1, 1, 2]
+    assert expanded.join(["A", "B", "C", "D"]) == "A  B C\n\nD"
+
+
+def test_expand_in_html_keeps_references() -> None:
+    doc = split_html("<p>fish &amp; chips and&nbsp;peas with salt</p>")
+    expanded = doc.expand(words, 5)
+    assert expanded.sentences == ["fish & chips and", "peas with salt"]
+    assert expanded.separators == ["<p>", "&nbsp;", "</p>"]
+    assert expanded.join(["fish & chips and", "X<"]) == "<p>fish &amp; chips and&nbsp;X&lt;</p>"
+
+
+# Properties: identity translation rebuilds any input exactly
+
+PROSE = st.lists(
+    st.sampled_from([*"Aa bZ.!?…\"'()«»,;:\n\t\r\xa0\u2028é\u0301中1eJ", "e.g.", "Mr.", "...", "3.14", " "]),
+    max_size=60,
+).map("".join)
+MARKUP = st.lists(
+    st.sampled_from(
+        [
+            "<p>",
+            "</p>",
+            "<b>",
+            "</B>",
+            "<!--",
+            "-->",
+            "<script>",
+            "</script>",
+            "<pre>",
+            "</pre>",
+            "<code>",
+            "<a x='",
+            "'>",
+            "<",
+            ">",
+            "&amp;",
+            "&fjlig;",
+            "&#1;",
+            "&#32;",
+            "&nbsp;",
+            "&ThickSpace;",
+            "&",
+            "Hello.",
+            " World.",
+            "e.g.",
+            " ",
+            "\n",
+            "x",
+            "<!doctype html>",
+            "</",
+            "=",
+            '"',
+            "Ab",
+            "<br/>",
+        ]
+    ),
+    max_size=40,
+).map("".join)
+ANY = st.text(st.characters(exclude_categories=()), max_size=200)
+
+
+@given(st.one_of(PROSE, ANY, MARKUP))
+@FAST
+def test_split_text_identity(text: str) -> None:
+    doc = split_text(text)
+    assert rebuilt(doc) == text
+    assert all(s and s == s.strip() and len(s.splitlines()) == 1 for s in doc.sentences)
+    assert doc.origins == list(range(len(doc.sentences)))
+
+
+@given(st.one_of(MARKUP, PROSE, ANY))
+@FAST
+def test_split_html_identity(markup: str) -> None:
+    doc = split_html(markup)
+    assert rebuilt(doc) == markup
+    assert all(s and s == s.strip() for s in doc.sentences)
+    assert all(
+        html.unescape(original) == sentence for original, sentence in zip(doc.originals, doc.sentences, strict=True)
+    )
+
+
+@given(st.one_of(PROSE, MARKUP, ANY), st.sampled_from([split_text, split_html]), st.integers(3, 12))
+@FAST
+def test_expand_identity(text: str, splitter, limit: int) -> None:  # noqa: ANN001
+    doc = splitter(text)
+    expanded = doc.expand(pieces, limit)
+    assert rebuilt(expanded) == text
+    assert all(pieces(s) <= limit for s in expanded.sentences)
+    assert sorted(expanded.origins) == expanded.origins and set(expanded.origins) == set(doc.origins)
+
+
+@given(st.one_of(PROSE, ANY), st.integers(1, 30))
+@FAST
+def test_limit_sentence_loses_nothing(text: str, limit: int) -> None:
+    sentence = text.strip()
+    pieces = limit_sentence(sentence, len, limit)
+    assert all(len(piece) <= limit and piece == piece.strip() for piece in pieces) or pieces == [sentence]
+    position = 0
+    for piece in pieces:
+        found = sentence.find(piece, position)
+        assert found >= 0 and not sentence[position:found].strip()
+        position = found + len(piece)
+    assert not sentence[position:].strip()
+
+
+# Hostile input: linear time, nothing lost
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x" * 1_000_000,
+        "\n" * 100_000,
+        "Hello world. " * 40_000,
+        "." * 300_000 + " A",
+        "<b>" * 50_000 + "Deep." + "</b>" * 50_000,
+        "<b" * 200_000,
+        "<!--" * 200_000,
+        '<a x="' * 100_000,
+        "&" * 200_000 + "&amp" * 100_000,
+        "«" * 200_000 + " A. «" * 20_000,
+    ],
+    ids=[
+        "no-spaces",
+        "newlines",
+        "sentences",
+        "dots",
+        "nested",
+        "open-tags",
+        "comments",
+        "quotes",
+        "ampersands",
+        "openers",
+    ],
+)
+def test_hostile_input_is_linear_and_lossless(text: str) -> None:
+    for splitter in (split_text, split_html):
+        doc = splitter(text)
+        assert rebuilt(doc) == text
+
+
+@pytest.mark.timeout(30)
+def test_cutting_a_huge_word_is_linear() -> None:
+    word = "abcdefghij" * 20_000
+    pieces = limit_sentence(word, lambda text: len(text) // 3 + 1, 256)
+    assert "".join(pieces) == word
+    assert all(len(piece) // 3 + 1 <= 256 for piece in pieces)
