@@ -85,6 +85,47 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.set_defaults(run=cmd_train)
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from model_export.evaluate import evaluate
+
+    report = evaluate(args.model_dir, args.corpus, args.split, args.variant, args.beam_size, args.batch_size,
+                      args.threads, args.limit)
+    print(report.summary())
+    if args.json:
+        args.json.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from model_export.quantize import add_int8_variant
+
+    manifest = add_int8_variant(args.model_dir, per_channel=not args.per_tensor, make_default=args.make_default)
+    print(f"added variant int8 to {args.model_dir} (default: {manifest['default_variant']})")
+    return 0
+
+
+def _add_evaluate_and_quantize(sub: argparse._SubParsersAction) -> None:
+    evaluate = sub.add_parser("evaluate", help="BLEU, chrF and placeholder accuracy of a model folder on a split")
+    evaluate.add_argument("--model-dir", type=Path, required=True)
+    evaluate.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    evaluate.add_argument("--split", default="test")
+    evaluate.add_argument("--variant", help="graph variant (default: the manifest's)")
+    evaluate.add_argument("--beam-size", type=int, default=1)
+    evaluate.add_argument("--batch-size", type=int, default=32)
+    evaluate.add_argument("--threads", type=int, default=2)
+    evaluate.add_argument("--limit", type=int, help="only the first N sentences")
+    evaluate.add_argument("--json", type=Path, help="also write the report (with 20 examples) here")
+    evaluate.set_defaults(run=cmd_evaluate)
+
+    quantize = sub.add_parser("quantize", help="add an int8 (dynamically quantized) variant to a model folder")
+    quantize.add_argument("--model-dir", type=Path, required=True)
+    quantize.add_argument("--per-tensor", action="store_true", help="one scale per matrix instead of per column")
+    quantize.add_argument("--make-default", action="store_true", help="make int8 the folder's default variant")
+    quantize.set_defaults(run=cmd_quantize)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m model_export", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -110,6 +151,7 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--tolerance", type=float, default=1e-4)
     verify.set_defaults(run=cmd_verify)
     _add_train(sub)
+    _add_evaluate_and_quantize(sub)
     return p
 
 

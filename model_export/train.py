@@ -41,11 +41,16 @@ class TrainOptions:
     d_ff: int = 1024
     n_encoder_layers: int = 4
     n_decoder_layers: int = 3
-    norm_position: str = "pre"
+    # post-norm, half/half sinusoids and eps 1e-5 are what the Hugging Face Marian layout can express, so
+    # transformers and CTranslate2 can run exactly our weights (model_export to-marian)
+    norm_position: str = "post"
+    sinusoid_layout: str = "half"
+    layer_norm_eps: float = 1e-5
+    activation: str = "relu"
     dropout: float = 0.1
     batch_tokens: int = 6000  # source + target tokens per batch
-    peak_lr: float = 1.2e-3
-    warmup_steps: int = 800
+    peak_lr: float = 8e-4
+    warmup_steps: int = 1000
     label_smoothing: float = 0.1
     max_steps: int = 100_000
     max_minutes: float = 115.0  # wall-clock budget of this run (resumed runs add their own)
@@ -199,6 +204,9 @@ def model_config(sp: spm.SentencePieceProcessor, opts: TrainOptions) -> Transfor
         n_encoder_layers=opts.n_encoder_layers,
         n_decoder_layers=opts.n_decoder_layers,
         norm_position=opts.norm_position,
+        sinusoid_layout=opts.sinusoid_layout,
+        layer_norm_eps=opts.layer_norm_eps,
+        activation=opts.activation,
         dropout=opts.dropout,
         share_embeddings=True,
         tie_output=True,

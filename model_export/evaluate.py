@@ -1,0 +1,122 @@
+"""Scores a model folder on a held-out split through the server's own path (tokenizer, ONNX Runtime,
+decoding loop): sacrebleu BLEU and chrF, and the share of sentences whose placeholders come out exactly
+as in the source. Knows the corpus layout; writes nothing but its report.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import sacrebleu
+from tqdm import tqdm
+
+from model_export.corpus.clean import placeholders
+from model_export.errors import ExportError
+from service.decoding import SearchOptions
+from service.engine import TokenRules, decode_batch
+from service.model_folder import load_model_folder
+from service.runtime import OnnxRuntime, SessionSettings
+from service.tokenizer import Tokenizer
+
+
+@dataclass
+class EvalReport:
+    model: str
+    variant: str
+    split: str
+    beam_size: int
+    sentences: int
+    bleu: float
+    chrf: float
+    placeholder_sentences: int  # test sentences whose source has placeholders
+    placeholder_exact: int  # ... whose translation has exactly the same multiset of placeholders
+    seconds: float
+    target_tokens: int
+    examples: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def placeholder_accuracy(self) -> float:
+        return 100.0 * self.placeholder_exact / max(self.placeholder_sentences, 1)
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "placeholder_accuracy": self.placeholder_accuracy}
+
+    def summary(self) -> str:
+        return (
+            f"{self.model} [{self.variant}, beam {self.beam_size}] on {self.split} ({self.sentences} sentences): "
+            f"BLEU {self.bleu:.1f}, chrF {self.chrf:.1f}, placeholders exact "
+            f"{self.placeholder_exact}/{self.placeholder_sentences} ({self.placeholder_accuracy:.1f}%), "
+            f"{self.target_tokens / self.seconds:,.0f} target tokens/s"
+        )
+
+
+def same_placeholders(source: str, translation: str) -> bool:
+    return Counter(placeholders(source)) == Counter(placeholders(translation))
+
+
+def read_split(corpus: Path, split: str, source: str, target: str) -> tuple[list[str], list[str]]:
+    paths = corpus / f"{split}.{source}", corpus / f"{split}.{target}"
+    for path in paths:
+        if not path.is_file():
+            raise ExportError(f"corpus file not found: {path}")
+    sources, references = (p.read_text(encoding="utf-8").splitlines() for p in paths)
+    return sources, references
+
+
+def translate_all(
+    folder_path: Path, sources: list[str], variant: str | None, beam_size: int, batch_size: int, threads: int
+) -> tuple[list[str], int, float]:
+    """Static batches of similar length through the served graphs -> (translations, target tokens, seconds)."""
+    folder = load_model_folder(folder_path)
+    runtime = OnnxRuntime(folder, variant, SessionSettings(intra_op_threads=threads))
+    tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    target = folder.manifest.target_languages[0]
+    encoded = [tokenizer.encode(s, target) for s in sources]
+    order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
+    translations, tokens = [""] * len(sources), 0
+    started = time.perf_counter()
+    for start in tqdm(range(0, len(order), batch_size), desc="translating", unit="batch", leave=False):
+        batch = order[start : start + batch_size]
+        options = [SearchOptions(beam_size, min(256, 2 * len(encoded[i]) + 10)) for i in batch]
+        for i, hyps in zip(batch, decode_batch(runtime, [encoded[i] for i in batch], options, rules), strict=True):
+            translations[i] = tokenizer.decode(hyps[0].tokens)
+            tokens += len(hyps[0].tokens)
+    return translations, tokens, time.perf_counter() - started
+
+
+def pick_examples(sources: list[str], references: list[str], hypotheses: list[str], n: int = 20) -> list[dict]:
+    """n examples, good and bad: a fixed random sample, best first by sentence chrF."""
+    rng = random.Random(0)
+    chosen = rng.sample(range(len(sources)), min(n, len(sources)))
+    rows = [
+        {"source": sources[i], "reference": references[i], "translation": hypotheses[i],
+         "chrf": round(sacrebleu.sentence_chrf(hypotheses[i], [references[i]]).score, 1)}
+        for i in chosen
+    ]
+    return sorted(rows, key=lambda r: -r["chrf"])
+
+
+def evaluate(
+    folder_path: Path, corpus: Path, split: str = "test", variant: str | None = None, beam_size: int = 1,
+    batch_size: int = 32, threads: int = 2, limit: int | None = None,
+) -> EvalReport:
+    manifest = load_model_folder(folder_path, verify_checksums=False).manifest
+    sources, references = read_split(corpus, split, manifest.source_language, manifest.target_languages[0])
+    sources, references = sources[:limit], references[:limit]
+    hypotheses, tokens, seconds = translate_all(folder_path, sources, variant, beam_size, batch_size, threads)
+    with_placeholders = [i for i, s in enumerate(sources) if placeholders(s)]
+    return EvalReport(
+        model=manifest.name, variant=variant or manifest.default_variant, split=split, beam_size=beam_size,
+        sentences=len(sources),
+        bleu=sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        chrf=sacrebleu.corpus_chrf(hypotheses, [references]).score,
+        placeholder_sentences=len(with_placeholders),
+        placeholder_exact=sum(same_placeholders(sources[i], hypotheses[i]) for i in with_placeholders),
+        seconds=seconds, target_tokens=tokens,
+        examples=pick_examples(sources, references, hypotheses),
+    )
