@@ -19,6 +19,7 @@ class SearchOptions:
     max_new_tokens: int = 256  # generated tokens, EOS included; reaching it finishes the hypothesis
     length_penalty: float = 1.0
     n_best: int = 1  # hypotheses returned, best first; at most beam_size
+    min_new_tokens: int = 0  # EOS is banned until this many tokens exist (as HF generate; benchmarks force lengths)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class GreedySearch:
 
     def advance(self, log_probs: np.ndarray) -> np.ndarray:
         """log_probs (1, V) -> the rows to keep (indexes into this step's rows)."""
+        if len(self.tokens) < self.options.min_new_tokens:
+            log_probs[:, self.eos_id] = -np.inf
         token = int(log_probs[0].argmax())
         self.tokens.append(token)
         self.log_prob += float(log_probs[0, token])
@@ -90,6 +93,8 @@ class BeamSearch:
     def advance(self, log_probs: np.ndarray) -> np.ndarray:
         """log_probs (rows, V) -> the parent row of every beam that runs on (indexes into this step's rows)."""
         k, vocab = self.options.beam_size, log_probs.shape[1]
+        if self.sequences.shape[1] < self.options.min_new_tokens:
+            log_probs[:, self.eos_id] = -np.inf
         total = (self.scores[:, None] + log_probs).ravel()  # (rows * V,)
         n = min(2 * k, total.size)
         top = np.argpartition(-total, n - 1)[:n]  # (n,) unordered

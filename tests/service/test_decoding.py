@@ -81,3 +81,11 @@ def test_beam_is_at_least_as_good_as_greedy() -> None:
     run(greedy)
     run(beam)
     assert beam.results()[0].score >= greedy.results()[0].score - 1e-12
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_min_new_tokens_forbids_an_early_eos(beam_size: int) -> None:
+    options = SearchOptions(beam_size=beam_size, max_new_tokens=7, min_new_tokens=7)
+    search = new_search(START, EOS, options)
+    run(search)
+    assert all(len(h.tokens) == 7 and EOS not in h.tokens for h in search.results())
