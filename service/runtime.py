@@ -65,6 +65,7 @@ def usable_providers(requested: tuple[str, ...]) -> list[str]:
 
 
 def open_session(folder: ModelFolder, graph: GraphSpec, settings: SessionSettings) -> ort.InferenceSession:
+    ort.disable_telemetry_events()  # a translation server sends nothing anywhere
     options = ort.SessionOptions()
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = settings.inter_op_threads
