@@ -1,8 +1,8 @@
 """Builds the encoder and step-decoder ONNX graphs node by node from a PyTorch `Transformer`'s weights.
 
 The graphs are written directly (no tracing), so their structure is chosen, not inherited: fused
-Q/K/V projections, 1/sqrt(d_k) folded into W_Q, keys stored transposed, and a step decoder that
-never copies its cache. The contract itself (names, shapes, dtypes) lives in `graph_io`.
+Q/K/V projections, 1/sqrt(d_k) folded into W_Q, and a step decoder that never copies its cache.
+The contract itself (names, shapes, dtypes) lives in `graph_io`.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def _encoder_self_attention(g: GraphBuilder, x: str, attn: MultiHeadAttention, m
 
 
 def build_encoder(model: Transformer) -> onnx.ModelProto:
-    """src_ids (B, S), src_mask (B, S) -> cross_key_i (B, H, Dh, S), cross_value_i (B, H, S, Dh)."""
+    """src_ids (B, S), src_mask (B, S) -> cross_key_i, cross_value_i (B, H, S, Dh)."""
     cfg, g = model.cfg, GraphBuilder()
     pre_norm = cfg.norm_position == "pre"
     g.const("masked", np.float32(MASKED))
@@ -159,7 +159,7 @@ def build_encoder(model: Transformer) -> onnx.ModelProto:
     memory = g.layer_norm(x, model.encoder.norm, "encoder.norm") if pre_norm else x  # (B, S, D)
     for i, layer in enumerate(model.decoder.layers):
         k, v = g.fused_qkv(memory, layer.cross_attn, f"decoder.{i}.cross", "kv")  # (B, S, D) each
-        g.op("Identity", _heads(g, k, cfg, [0, 2, 3, 1]), out=f"cross_key_{i}")  # (B, H, Dh, S)
+        g.op("Identity", _heads(g, k, cfg, [0, 2, 1, 3]), out=f"cross_key_{i}")  # (B, H, S, Dh)
         g.op("Identity", _heads(g, v, cfg, [0, 2, 1, 3]), out=f"cross_value_{i}")  # (B, H, S, Dh)
     return g.model("encoder", graph_io.encoder_inputs(cfg), graph_io.encoder_outputs(cfg))
 
@@ -172,7 +172,8 @@ def _step_self_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: i
     k_new = g.op("Reshape", k, g.ints([-1, h, dh]))  # (B, H, Dh)
     v_new = g.op("Reshape", v, g.ints([-1, h, 1, dh]))  # (B, H, 1, Dh)
     news.append((k_new, g.op("Reshape", v, g.ints([-1, h, dh]))))  # (B, H, Dh) each: this step's entry
-    past = g.op("MatMul", q4, f"self_key_{i}")  # (B, H, 1, T)
+    keys_t = g.op("Transpose", f"self_key_{i}", perm=[0, 1, 3, 2])  # (B, H, Dh, T), fused into the MatMul
+    past = g.op("MatMul", q4, keys_t)  # (B, H, 1, T)
     past = g.op("Where", "self_mask4", past, "masked")  # (B, H, 1, T)
     own = g.op("ReduceSum", g.op("Mul", q4, g.op("Unsqueeze", k_new, g.ints([2]))), g.ints([-1]), keepdims=1)
     weights = g.op("Softmax", g.op("Concat", past, own, axis=-1), axis=-1)  # (B, H, 1, T+1)
@@ -189,7 +190,8 @@ def _step_cross_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: 
     bias = None if attn.w_q.bias is None else attn.w_q.bias * scale
     q = g.linear(y, attn.w_q.weight * scale, bias, f"{name}.w_q")  # (B, D)
     q4 = g.op("Reshape", q, g.ints([-1, cfg.n_heads, 1, cfg.head_dim]))  # (B, H, 1, Dh)
-    scores = g.op("Where", "src_mask4", g.op("MatMul", q4, f"cross_key_{i}"), "masked")  # (B, H, 1, S)
+    keys_t = g.op("Transpose", f"cross_key_{i}", perm=[0, 1, 3, 2])  # (B, H, Dh, S), fused into the MatMul
+    scores = g.op("Where", "src_mask4", g.op("MatMul", q4, keys_t), "masked")  # (B, H, 1, S)
     context = g.op("MatMul", g.op("Softmax", scores, axis=-1), f"cross_value_{i}")  # (B, H, 1, Dh)
     merged = g.op("Reshape", context, g.ints([-1, cfg.d_model]))  # (B, D)
     return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, D)

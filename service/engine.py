@@ -54,7 +54,7 @@ def decode_batch(
 ) -> list[list[Hypothesis]]:
     """Static batching: encode every source once, step until every search is done."""
     src_ids, src_mask = pad_batch(sources, rules.pad_id)
-    memory = runtime.encode(src_ids, src_mask)  # keys (L, b, H, Dh, S), values (L, b, H, S, Dh)
+    memory = runtime.encode(src_ids, src_mask)  # keys and values (L, b, H, S, Dh)
     cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
     cache.add(memory.keys, memory.values, src_mask)
     searches = [new_search(rules.decoder_start_id, rules.eos_id, o) for o in options]

@@ -31,7 +31,7 @@ class SessionSettings:
 class Memory(NamedTuple):
     """The encoder's output for b sentences: cross-attention keys and values of every decoder layer."""
 
-    keys: np.ndarray  # (L, b, H, Dh, S)
+    keys: np.ndarray  # (L, b, H, S, Dh)
     values: np.ndarray  # (L, b, H, S, Dh)
 
 
@@ -99,7 +99,7 @@ class OnnxRuntime:
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
         outputs = self.encoder.run(self._enc_out, dict(zip(self._enc_in, (src_ids, src_mask), strict=True)))
-        keys = np.stack(outputs[: self.n_layers])  # (L, b, H, Dh, S)
+        keys = np.stack(outputs[: self.n_layers])  # (L, b, H, S, Dh)
         values = np.stack(outputs[self.n_layers :])  # (L, b, H, S, Dh)
         return Memory(keys, values)
 

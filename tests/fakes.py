@@ -27,7 +27,7 @@ class FakeRuntime:
             raise RuntimeError("injected encoder failure")
         self.encoder_calls.append(len(src_ids))
         signature = (np.where(src_mask, src_ids, 0) * np.arange(1, src_ids.shape[1] + 1)).sum(1) % 9973  # (b,)
-        keys = np.zeros((1, len(src_ids), 1, 1, src_ids.shape[1]), np.float32)  # (L, b, H, Dh, S)
+        keys = np.zeros((1, len(src_ids), 1, src_ids.shape[1], 1), np.float32)  # (L, b, H, S, Dh)
         keys[0, :, 0, 0, 0] = signature
         return Memory(keys, np.zeros((1, len(src_ids), 1, src_ids.shape[1], 1), np.float32))
 
@@ -37,7 +37,7 @@ class FakeRuntime:
         if self.fail_next_step:
             self.fail_next_step = False
             raise RuntimeError("injected decoder failure")
-        history = (cache.self_keys[0, :, 0, 0, :] * cache.self_mask).sum(1)  # (B,)
+        history = (cache.self_keys[0, :, 0, :, 0] * cache.self_mask).sum(1)  # (B,)
         log_probs = np.stack(
             [
                 row_log_probs(int(sig), int(pos), int(tok), float(h))

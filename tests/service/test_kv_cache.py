@@ -4,7 +4,7 @@ from service.kv_cache import MIN_CAPACITY, DecoderCache
 
 
 def memory(rows: int, src_len: int, fill: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    keys = np.full((2, rows, 3, 4, src_len), fill, np.float32)  # (L, b, H, Dh, S)
+    keys = np.full((2, rows, 3, src_len, 4), fill, np.float32)  # (L, b, H, S, Dh)
     values = np.full((2, rows, 3, src_len, 4), fill, np.float32)  # (L, b, H, S, Dh)
     return keys, values, np.ones((rows, src_len), np.bool_)
 
@@ -22,8 +22,9 @@ def test_rows_join_with_longer_sources_and_append_in_their_own_slots() -> None:
     cache.append(step(3, 11.0), step(3, 21.0))
     assert cache.lengths.tolist() == [2, 2, 1]
     assert cache.self_mask[:, :3].tolist() == [[True, True, False]] * 2 + [[True, False, False]]
-    assert cache.self_keys[0, 0, 0, 0, :2].tolist() == [10.0, 11.0]
-    assert cache.self_keys[0, 2, 0, 0, :2].tolist() == [11.0, 0.0]  # the newcomer's step 0 is in slot 0
+    assert cache.self_keys[0, 0, 0, :2, 0].tolist() == [10.0, 11.0]
+    assert cache.self_keys[0, 2, 0, :2, 0].tolist() == [11.0, 0.0]  # the newcomer's step 0 is in slot 0
+    assert cache.cross_keys[1, 0, 2, :, 0].tolist() == [1.0] * 5 + [0.0] * 3  # padded source, masked
     assert cache.self_values[1, 2, 2, 0].tolist() == [21.0] * 4
 
 
@@ -36,6 +37,6 @@ def test_select_reorders_and_drops_and_capacity_grows() -> None:
     cache.self_keys[:, 2] = -1.0
     cache.select(np.array([2, 2, 0]))
     assert cache.rows == 3
-    assert (cache.self_keys[:, :2] == -1.0).all() and cache.self_keys[0, 2, 0, 0, 3] == 3.0
+    assert (cache.self_keys[:, :2] == -1.0).all() and cache.self_keys[0, 2, 0, 3, 0] == 3.0
     cache.select(np.array([2]))
     assert cache.rows == 1 and cache.self_mask.shape[0] == 1 and cache.cross_keys.shape[1] == 1
