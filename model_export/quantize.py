@@ -19,15 +19,18 @@ def int8_name(file_name: str) -> str:
     return file_name.removesuffix(".onnx") + ".int8.onnx"
 
 
-def quantize_graph(source: Path, target: Path, per_channel: bool) -> None:
+def quantize_graph(source: Path, target: Path, per_channel: bool, embeddings: bool) -> None:
+    """int8 weights for every MatMul with a constant weight (and the embedding tables if asked)."""
     quantize_dynamic(
         model_input=source, model_output=target, weight_type=QuantType.QInt8, per_channel=per_channel,
-        op_types_to_quantize=["MatMul"],
+        op_types_to_quantize=["MatMul", "Gather"] if embeddings else ["MatMul"],
         extra_options={"MatMulConstBOnly": True},  # attention's activation x activation products stay fp32
     )
 
 
-def add_int8_variant(folder_path: Path, per_channel: bool = True, make_default: bool = False) -> dict:
+def add_int8_variant(
+    folder_path: Path, per_channel: bool = True, make_default: bool = False, embeddings: bool = True
+) -> dict:
     """Quantizes the fp32 graphs into *.int8.onnx files and adds variant 'int8' to the manifest."""
     folder = load_model_folder(folder_path)
     if "fp32" not in folder.manifest.variants:
@@ -38,7 +41,7 @@ def add_int8_variant(folder_path: Path, per_channel: bool = True, make_default: 
     variant["precision"] = "int8"
     for graph in ("encoder", "decoder_step"):
         name = int8_name(variant[graph]["file"])
-        quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel)
+        quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings)
         variant[graph]["file"] = name
     manifest["variants"]["int8"] = variant
     manifest["files"].update(file_entries(folder_path, [variant["encoder"]["file"], variant["decoder_step"]["file"]]))
