@@ -25,6 +25,8 @@ class DecoderCache:
         self.cross_keys = np.zeros((n_layers, 0, n_heads, 1, head_dim), np.float32)  # (L, B, H, S, Dh)
         self.cross_values = np.zeros((n_layers, 0, n_heads, 1, head_dim), np.float32)  # (L, B, H, S, Dh)
         self.src_mask = np.zeros((0, 1), np.bool_)  # (B, S)
+        self.sources = np.zeros(0, np.int64)  # (B,) which add() call's row each row descends from
+        self._next_source = 0
 
     @property
     def rows(self) -> int:
@@ -46,6 +48,8 @@ class DecoderCache:
         self.self_values = np.concatenate([self.self_values, np.zeros(fresh, np.float32)], axis=1)
         self.self_mask = np.concatenate([self.self_mask, np.zeros((b, self.capacity), np.bool_)], axis=0)
         self.lengths = np.concatenate([self.lengths, np.zeros(b, np.int64)])
+        self.sources = np.concatenate([self.sources, np.arange(self._next_source, self._next_source + b)])
+        self._next_source += b
 
     def select(self, rows: np.ndarray) -> None:
         """Keep, repeat or reorder rows (beams following their parents, finished rows leaving)."""
@@ -55,6 +59,10 @@ class DecoderCache:
         self.self_values = self.self_values[:, rows]  # (L, B', H, T, Dh)
         self.self_mask = self.self_mask[rows]  # (B', T)
         self.lengths = self.lengths[rows]  # (B',)
+        sources = self.sources[rows]  # (B',)
+        if np.array_equal(sources, self.sources):
+            return  # beams reordered within their sentences: every row keeps the same source keys/values
+        self.sources = sources
         self.cross_keys = self.cross_keys[:, rows]  # (L, B', H, S, Dh)
         self.cross_values = self.cross_values[:, rows]  # (L, B', H, S, Dh)
         self.src_mask = self.src_mask[rows]  # (B', S)

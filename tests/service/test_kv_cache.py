@@ -40,3 +40,15 @@ def test_select_reorders_and_drops_and_capacity_grows() -> None:
     assert (cache.self_keys[:, :2] == -1.0).all() and cache.self_keys[0, 2, 0, 3, 0] == 3.0
     cache.select(np.array([2]))
     assert cache.rows == 1 and cache.self_mask.shape[0] == 1 and cache.cross_keys.shape[1] == 1
+
+
+def test_beams_reordered_within_a_sentence_keep_the_source_buffers() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(2, 3, 1.0))
+    cache.select(np.array([0, 0, 0, 1, 1, 1]))  # two sentences, three beams each
+    cross = cache.cross_keys
+    cache.append(step(6, 1.0), step(6, 1.0))
+    cache.select(np.array([2, 0, 0, 5, 3, 4]))  # parents within each sentence: no source copy
+    assert cache.cross_keys is cross and cache.sources.tolist() == [0, 0, 0, 1, 1, 1]
+    cache.select(np.array([3, 4]))  # the first sentence left: the source buffers shrink
+    assert cache.cross_keys.shape[1] == 2 and cache.sources.tolist() == [1, 1]
