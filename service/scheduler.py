@@ -25,6 +25,7 @@ from service.metrics import Metrics
 from service.runtime import Runtime
 
 log = logging.getLogger(__name__)
+WAITING_SCAN_SECONDS = 0.05  # how often queued sentences are checked for deadlines and cancellation
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._stopped = False
+        self._last_scan = -WAITING_SCAN_SECONDS
 
     # -- the HTTP side ---------------------------------------------------------------------------
 
@@ -186,21 +188,23 @@ class Scheduler:
     # -- 1. dropping ---------------------------------------------------------------------------
 
     def _drop_expired(self) -> None:
+        """Running sentences every step; the queue at most every WAITING_SCAN_SECONDS (it may be long)."""
         now = self.clock()
-        with self._lock:
-            kept = deque(j for j in self.waiting if self._alive(j.ticket, now))
-            self.waiting = kept
-            self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
-        if any(not self._alive(r.job.ticket, now) for r in self.active):
-            rows, offset, still = [], 0, []
-            for running in self.active:
-                n = running.search.rows
-                if self._alive(running.job.ticket, now):
-                    rows.append(np.arange(offset, offset + n))
-                    still.append(running)
-                offset += n
-            self.cache.select(np.concatenate(rows) if rows else np.zeros(0, np.int64))
-            self.active = still
+        if now - self._last_scan >= WAITING_SCAN_SECONDS:
+            self._last_scan = now
+            with self._lock:
+                self.waiting = deque(j for j in self.waiting if self._alive(j.ticket, now))
+                self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
+        alive = [self._alive(r.job.ticket, now) for r in self.active]
+        if all(alive):
+            return
+        rows, offset = [], 0
+        for running, keep in zip(self.active, alive, strict=True):
+            if keep:
+                rows.append(np.arange(offset, offset + running.search.rows))
+            offset += running.search.rows
+        self.cache.select(np.concatenate(rows) if rows else np.zeros(0, np.int64))
+        self.active = [r for r, keep in zip(self.active, alive, strict=True) if keep]
 
     def _alive(self, ticket: Ticket, now: float) -> bool:
         if ticket.cancelled and not ticket.finished:
@@ -223,9 +227,13 @@ class Scheduler:
         rows = sum(r.job.options.beam_size for r in self.active)  # what the running sentences may grow to
         tokens = sum(r.job.reserved_tokens for r in self.active)
         admitted: list[SentenceJob] = []
+        now = self.clock()
         with self._lock:
             while self.waiting:
                 job = self.waiting[0]
+                if not self._alive(job.ticket, now):  # expired or abandoned since the last scan
+                    self.waiting.popleft()
+                    continue
                 beam = job.options.beam_size
                 if rows + beam > self.limits.max_rows or tokens + job.reserved_tokens > self.limits.max_tokens:
                     break
