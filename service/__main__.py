@@ -1,4 +1,6 @@
-"""`python -m service` (or `mt-server`): the translation server under uvicorn, one worker process."""
+"""`python -m service` (or `mt-server`): the translation server under uvicorn, one worker process. The first
+SIGTERM or SIGINT drains (readiness false, new translations 503, work in flight finishes within the grace
+period), then the process exits 0; a second one stops at once."""
 
 from __future__ import annotations
 
@@ -6,10 +8,12 @@ import argparse
 import logging
 import signal
 import sys
+import time
+from types import FrameType
 
 import uvicorn
 
-from service.api import RequestIdFilter, create_app
+from service.api import RequestIdFilter, State, create_app
 from service.errors import ModelFolderError
 from service.metrics import Metrics
 from service.settings import Settings
@@ -21,6 +25,38 @@ def configure_logging(level: str) -> None:
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+GRACEFUL_CLOSE_SECONDS = 5  # after draining: for uvicorn to finish responses and close connections
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn whose first stop signal drains instead of closing the listening socket at once: the socket
+    stays open so that new requests get 503 (reason shutting_down) and /ready 503, until the requests in
+    flight are answered or `grace` seconds have passed; then uvicorn's own shutdown runs."""
+
+    def __init__(self, config: uvicorn.Config, state: State, grace: float) -> None:
+        super().__init__(config)
+        self.state, self.grace = state, grace
+        self.drain_requested_at: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_requested_at is None:  # inside a signal handler: only note it, on_tick does the work
+            self.drain_requested_at = time.monotonic()
+        else:  # a second signal: stop now
+            super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_requested_at is not None and not self.should_exit:
+            self.state.begin_drain()
+            waited = time.monotonic() - self.drain_requested_at
+            if self.state.handling == 0 or waited >= self.grace:
+                if self.state.handling:
+                    logging.getLogger("service").warning(
+                        "grace period of %gs over with %d requests in flight", self.grace, self.state.handling
+                    )
+                self.should_exit = True
+        return await super().on_tick(counter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         workers=1,
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=int(settings.request_timeout_seconds) + 5,
+        limit_concurrency=settings.max_connections,
+        timeout_keep_alive=settings.keep_alive_seconds,
+        timeout_graceful_shutdown=GRACEFUL_CLOSE_SECONDS,
     )
-    server = uvicorn.Server(config)
-    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the handler that was
-    # there before it: make that one a no-op, so a requested shutdown that went well exits with status 0
+    server = DrainingServer(config, app.state.service, settings.shutdown_grace_seconds)
+    # after a second signal uvicorn re-raises it to the handler that was there before it: make that one a
+    # no-op, so that a requested shutdown exits with status 0
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop_signal, lambda *_: None)
     server.run()

@@ -1,6 +1,7 @@
 """The HTTP API (FastAPI): LibreTranslate-compatible /translate and /languages, plus /v1/models,
-/health, /ready and /metrics. Validates at the edge, maps the service's errors to HTTP statuses in
-one place, and never runs inference on the event loop (the scheduler's worker thread does).
+/health, /ready and /metrics. Validates and admits at the edge (size, body time, concurrency, expected
+queue wait, draining), maps the service's errors to HTTP statuses in one place, and never runs inference
+on the event loop (the scheduler's worker thread does).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import asyncio
 import hmac
 import json
 import logging
+import math
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.admission import Throughput
 from service.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -33,6 +37,7 @@ from service.errors import (
     ModelFolderError,
     NotFound,
     Overloaded,
+    RequestTimeout,
     ServiceError,
     TooLarge,
 )
@@ -47,12 +52,15 @@ STATUS: dict[type[ServiceError], int] = {
     InvalidRequest: 400,
     Forbidden: 403,
     NotFound: 404,
+    RequestTimeout: 408,
     TooLarge: 413,
     InferenceError: 500,
     ModelFolderError: 500,
     Overloaded: 503,
     DeadlineExceeded: 504,
 }
+SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # echoed in headers and logs: nothing else is taken
+THROUGHPUT_SAMPLE_SECONDS = 0.25
 
 
 # -- request and response bodies ------------------------------------------------------------------
@@ -104,18 +112,47 @@ class ErrorBody(BaseModel):
 # -- middleware: request ids, metrics, body size --------------------------------------------------
 
 
-class RequestContext:
-    """Pure ASGI middleware: request id (X-Request-ID in and out), access log, HTTP metrics, body cap."""
+class BodyGuard:
+    """Wraps an ASGI receive: the whole body must arrive within `timeout` seconds of the request's start
+    (RequestTimeout, 408) and within `limit` bytes, chunked bodies included (TooLarge, 413). Once the body is
+    complete, messages pass through untouched (the disconnect watch reads them)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int) -> None:
-        self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
+    def __init__(self, receive: Receive, limit: int, timeout: float) -> None:
+        self.receive, self.limit, self.timeout = receive, limit, timeout
+        self.deadline = time.monotonic() + timeout
+        self.received, self.complete = 0, False
+
+    async def __call__(self) -> Message:
+        if self.complete:
+            return await self.receive()
+        try:
+            message = await asyncio.wait_for(self.receive(), max(0.0, self.deadline - time.monotonic()))
+        except TimeoutError:
+            raise RequestTimeout(f"the body did not arrive within {self.timeout:g} seconds") from None
+        if message["type"] != "http.request":
+            self.complete = True
+            return message
+        self.received += len(message.get("body", b""))
+        if self.received > self.limit:
+            raise TooLarge(f"the body is over {self.limit} bytes; the limit is {self.limit}")
+        self.complete = not message.get("more_body", False)
+        return message
+
+
+class RequestContext:
+    """Pure ASGI middleware: request id (X-Request-ID in and out), access log, HTTP metrics, body size and
+    body time limits."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int, body_timeout: float) -> None:
+        self.app, self.metrics, self.max_body_bytes, self.body_timeout = app, metrics, max_body_bytes, body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex[:16]
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        rid = given if SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
         token = request_id.set(rid)
         started, status = time.perf_counter(), [500]
 
@@ -133,7 +170,8 @@ class RequestContext:
                 )
                 await response(scope, receive, send_with_id)
             else:
-                await self.app(scope, receive, send_with_id)
+                guarded = BodyGuard(receive, self.max_body_bytes, self.body_timeout)
+                await self.app(scope, guarded, send_with_id)
         finally:
             route = scope.get("route")
             path = getattr(route, "path", "unmatched")
@@ -150,20 +188,93 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-def error_response(error: ServiceError) -> JSONResponse:
+class JSONAnswer(JSONResponse):
+    """JSON in UTF-8; an answer that cannot be encoded (a lone surrogate of a request echoed in an error
+    message) is sent \\u-escaped instead of failing."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
+def error_response(error: ServiceError, retry_after_seconds: int | None = None) -> JSONResponse:
+    """The one error shape. 503 carries Retry-After; 408 and 413 close the connection (the body may be unread)."""
     status = next(code for cls, code in STATUS.items() if isinstance(error, cls))
-    headers = {"Retry-After": str(error.retry_after_seconds)} if isinstance(error, Overloaded) else None
-    return JSONResponse({"error": str(error)}, status_code=status, headers=headers)
+    headers = {}
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(retry_after_seconds or error.retry_after_seconds)
+    if isinstance(error, RequestTimeout | TooLarge):
+        headers["Connection"] = "close"
+    return JSONAnswer({"error": str(error)}, status_code=status, headers=headers or None)
 
 
 # -- the app --------------------------------------------------------------------------------------
 
 
 class State:
+    """What the routes share: the loaded models, readiness and draining, and admission's counts."""
+
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings, self.metrics = settings, metrics
         self.registry = Registry([])
         self.ready = False
+        self.draining = False  # SIGTERM seen: /ready and /translate answer 503 until the process exits
+        self.handling = 0  # /translate requests admitted past the concurrency check and not yet answered
+        self.throughput: dict[str, Throughput] = {}
+
+    def begin_drain(self) -> None:
+        """Stop admitting: readiness false, new translations 503 (reason shutting_down); work in flight goes on."""
+        if not self.draining:
+            self.draining, self.ready = True, False
+            self.metrics.ready.set(0)
+            log.info("draining: %d requests in flight", self.handling)
+
+    def admit(self) -> None:
+        """The checks before a /translate request's body is read."""
+        retry = self.settings.retry_after_seconds
+        if self.draining:
+            raise Overloaded("the server is shutting down; retry on another instance", "shutting_down", retry)
+        if not self.ready:
+            raise Overloaded("the server is not ready yet", "not_ready", retry)
+        if self.handling >= self.settings.max_concurrent_requests:
+            raise Overloaded(
+                f"too many requests at once (the limit is {self.settings.max_concurrent_requests}); retry later",
+                "too_many_requests",
+                retry,
+            )
+
+    def check_queue_wait(self, translator: Translator) -> None:
+        """503 when the sentences already waiting would keep a newcomer in the queue beyond the limit."""
+        limit = self.settings.max_queue_wait_seconds
+        throughput = self.throughput.get(translator.name)
+        if limit <= 0 or throughput is None:
+            return
+        wait = throughput.expected_wait(len(translator.scheduler.waiting))
+        if wait is not None and wait > limit:
+            waiting = "it has not moved lately" if math.isinf(wait) else f"about {wait:.1f} s of work waiting"
+            raise Overloaded(
+                f"the queue is full ({waiting}; the limit is {limit:g} s); retry later",
+                "queue_full",
+                self.settings.retry_after_seconds,
+            )
+
+    def sample_throughput(self, now: float) -> None:
+        for name, translator in self.registry.translators.items():
+            finished = self.metrics.registry.get_sample_value("mt_sentences_total", {"model": name}) or 0.0
+            waiting = len(translator.scheduler.waiting)
+            throughput = self.throughput.setdefault(name, Throughput())
+            throughput.sample(now, finished, waiting)
+            wait = throughput.expected_wait(waiting)
+            self.metrics.expected_queue_wait.labels(name).set(-1.0 if wait is None else wait)
+
+
+async def sample_throughput(state: State) -> None:
+    """Forever: each model's throughput and expected queue wait, every THROUGHPUT_SAMPLE_SECONDS."""
+    while True:
+        state.sample_throughput(time.monotonic())
+        await asyncio.sleep(THROUGHPUT_SAMPLE_SECONDS)
 
 
 def create_app(
@@ -182,10 +293,12 @@ def create_app(
             await asyncio.to_thread(translator.warm_up)
             translator.scheduler.start()
         state.registry = Registry(loaded)
-        state.ready = True
-        metrics.ready.set(1)
+        state.ready = not state.draining
+        metrics.ready.set(int(state.ready))
+        sampler = asyncio.ensure_future(sample_throughput(state))
         log.info("ready: %s", ", ".join(t.name for t in loaded))
         yield
+        sampler.cancel()
         state.ready = False
         metrics.ready.set(0)
         for translator in loaded:
@@ -196,13 +309,25 @@ def create_app(
         title="transformer-mt-server",
         version="0.1.0",
         lifespan=lifespan,
+        default_response_class=JSONAnswer,
         description="Translation with Transformer encoder-decoder models on ONNX Runtime. "
         "POST /translate is compatible with LibreTranslate's API.",
     )
     app.state.service = state
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"])
-    app.add_middleware(RequestContext, metrics=metrics, max_body_bytes=settings.max_body_bytes)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["X-API-Key", "X-Request-ID", "Authorization"],
+            expose_headers=["X-Request-ID", "Retry-After"],
+        )
+    app.add_middleware(
+        RequestContext,
+        metrics=metrics,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout=settings.body_timeout_seconds,
+    )
     _add_error_handlers(app)
     _add_routes(app, state)
     return app
@@ -211,25 +336,25 @@ def create_app(
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, error: ServiceError) -> JSONResponse:
-        rejected = app.state.service.metrics.rejected
+        state: State = app.state.service
         if isinstance(error, Overloaded):
-            rejected.labels(error.reason).inc()
+            state.metrics.rejected.labels(error.reason).inc()
         elif isinstance(error, TooLarge):
-            rejected.labels("too_large").inc()
-        return error_response(error)
+            state.metrics.rejected.labels("too_large").inc()
+        return error_response(error, state.settings.retry_after_seconds)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"error": describe_validation(error.errors())}, status_code=422)
+        return JSONAnswer({"error": describe_validation(error.errors())}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
+        return JSONAnswer({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, error: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return JSONResponse({"error": "internal error; the request id is in the X-Request-ID header"}, status_code=500)
+        return JSONAnswer({"error": "internal error; the request id is in the X-Request-ID header"}, status_code=500)
 
 
 def describe_validation(errors: list[Any]) -> str:
@@ -242,7 +367,8 @@ def describe_validation(errors: list[Any]) -> str:
 
 
 async def read_payload(request: Request) -> dict[str, Any]:
-    """JSON or form-encoded body -> dict; anything else is a 422/415 with a clear message."""
+    """JSON or form-encoded body -> dict; anything else is a 422/415 with a clear message. The body's size and
+    arrival time are bounded by the middleware (BodyGuard) while it is read."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
         form = await request.form()
@@ -255,22 +381,49 @@ async def read_payload(request: Request) -> dict[str, Any]:
     raw = await request.body()
     try:
         payload = json.loads(raw)
+    except RecursionError:  # [[[[...]]]]: the parser's recursion limit, not the server's
+        raise RequestValidationError([{"loc": ("body",), "msg": "JSON nested too deeply"}]) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RequestValidationError([{"loc": ("body",), "msg": f"not valid JSON ({error})"}]) from None
+    except ValueError:  # an integer of more digits than Python converts (4300)
+        raise RequestValidationError([{"loc": ("body",), "msg": "not valid JSON (a number is too long)"}]) from None
     if not isinstance(payload, dict):
         raise RequestValidationError([{"loc": ("body",), "msg": "expected a JSON object"}])
     return payload
 
 
-def check_key(settings: Settings, given: str | None) -> None:
-    if not settings.api_keys:
-        return
-    supplied = (given or "").encode()
-    matched = False
-    for key in settings.api_keys:  # every key is compared, in constant time each
+def key_matches(keys: list[str], given: str) -> bool:
+    """Whether `given` is one of `keys`: every key is compared, each in constant time. Keys are never logged."""
+    supplied, matched = given.encode(), False
+    for key in keys:
         matched |= hmac.compare_digest(supplied, key.encode())
-    if not matched:
+    return matched
+
+
+def check_key(settings: Settings, given: str | None) -> None:
+    if settings.api_keys and not key_matches(settings.api_keys, given or ""):
         raise Forbidden("a valid api_key is required" if given else "this server needs an api_key")
+
+
+def check_metadata_key(settings: Settings, request: Request) -> None:
+    """/metrics and /v1/models when MT_METADATA_API_KEYS is set: X-API-Key or Authorization: Bearer."""
+    if not settings.metadata_api_keys:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    given = request.headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
+    if not key_matches(settings.metadata_api_keys, given):
+        raise Forbidden(
+            "a valid key is required (X-API-Key header or Authorization: Bearer)"
+            if given
+            else "this route needs a key (X-API-Key header or Authorization: Bearer)"
+        )
+
+
+def check_items(settings: Settings, payload: dict[str, Any]) -> None:
+    """The length of q before validating it item by item (a 1 MB body holds 250,000 empty strings)."""
+    q = payload.get("q")
+    if isinstance(q, list) and len(q) > settings.max_request_items:
+        raise TooLarge(f"q has {len(q)} texts; the limit is {settings.max_request_items}")
 
 
 def check_size(settings: Settings, texts: list[str]) -> None:
@@ -313,7 +466,7 @@ def _add_routes(app: FastAPI, state: State) -> None:
             },
         }
     }
-    errors_doc = {code: {"model": ErrorBody} for code in (400, 403, 404, 413, 422, 500, 503, 504)}
+    errors_doc = {code: {"model": ErrorBody} for code in (400, 403, 404, 408, 413, 415, 422, 500, 503, 504)}
 
     @app.post(
         "/translate",
@@ -324,10 +477,18 @@ def _add_routes(app: FastAPI, state: State) -> None:
         summary="Translate text (LibreTranslate-compatible)",
     )
     async def translate(request: Request) -> TranslateResponse:
-        if not state.ready:
-            raise Overloaded("the server is not ready yet", "not_ready", settings.retry_after_seconds)
+        state.admit()
+        state.handling += 1
         try:
-            body = TranslateRequest.model_validate(await read_payload(request))
+            return await translate_admitted(request)
+        finally:
+            state.handling -= 1
+
+    async def translate_admitted(request: Request) -> TranslateResponse:
+        payload = await read_payload(request)
+        check_items(settings, payload)
+        try:
+            body = TranslateRequest.model_validate(payload)
         except ValidationError as error:
             raise RequestValidationError(error.errors()) from None
         check_key(settings, body.api_key or request.headers.get("x-api-key"))
@@ -339,6 +500,7 @@ def _add_routes(app: FastAPI, state: State) -> None:
         if body.max_length is not None and body.max_length > settings.max_output_tokens:
             raise InvalidRequest(f"max_length may be at most {settings.max_output_tokens}")
         translator, source = state.registry.pick(body.source, body.target, body.model)
+        state.check_queue_wait(translator)
         options = TranslateOptions(
             beam_size=beam,
             alternatives=body.alternatives,
@@ -371,8 +533,13 @@ def _add_routes(app: FastAPI, state: State) -> None:
     async def languages() -> list[dict[str, object]]:
         return state.registry.languages()
 
-    @app.get("/v1/models", summary="Loaded models and their manifest data")
-    async def models() -> dict[str, object]:
+    @app.get(
+        "/v1/models",
+        summary="Loaded models and their manifest data",
+        responses={403: {"model": ErrorBody}},
+    )
+    async def models(request: Request) -> dict[str, object]:
+        check_metadata_key(settings, request)
         return {"models": [model_card(t, settings) for t in state.registry.translators.values()]}
 
     @app.get("/health", summary="Liveness: the process answers")
@@ -386,11 +553,19 @@ def _add_routes(app: FastAPI, state: State) -> None:
     )
     async def ready() -> Response:
         if state.ready:
-            return JSONResponse({"status": "ready", "models": sorted(state.registry.translators)})
-        return JSONResponse({"error": "not ready"}, status_code=503)
+            return JSONAnswer({"status": "ready", "models": sorted(state.registry.translators)})
+        reason = "shutting down" if state.draining else "not ready"
+        retry = {"Retry-After": str(settings.retry_after_seconds)}
+        return JSONAnswer({"error": reason}, status_code=503, headers=retry)
 
-    @app.get("/metrics", summary="Prometheus metrics")
-    async def metrics() -> Response:
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}, 403: {"model": ErrorBody}},
+    )
+    async def metrics(request: Request) -> Response:
+        check_metadata_key(settings, request)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -6,8 +6,10 @@ ServiceError
 │   ├── InvalidRequest   400: unsupported language pair, option or format
 │   ├── Forbidden        403: missing or wrong API key
 │   ├── NotFound         404: an unknown model
+│   ├── RequestTimeout   408: the body did not arrive within the body timeout (a slow or stalled client)
 │   └── TooLarge         413: text, list or sentence over a limit (the message states it)
-├── Overloaded           503 with Retry-After: the queue is full or the server is shutting down
+├── Overloaded           503 with Retry-After: the queue is full or too long to wait in, too many requests
+│                        at once, not ready yet, or shutting down
 ├── DeadlineExceeded     504: the request's deadline passed before its translation finished
 └── InferenceError       500: the graphs failed on this request's batch; other batches go on
 """
@@ -39,6 +41,10 @@ class NotFound(RequestError):
     pass
 
 
+class RequestTimeout(RequestError):
+    pass
+
+
 class TooLarge(RequestError):
     pass
 
@@ -46,7 +52,7 @@ class TooLarge(RequestError):
 class Overloaded(ServiceError):
     def __init__(self, message: str, reason: str = "queue_full", retry_after_seconds: int = 1) -> None:
         super().__init__(message)
-        self.reason = reason  # queue_full, shutting_down, not_ready: the label of the rejection metric
+        self.reason = reason  # queue_full, too_many_requests, shutting_down, not_ready: the rejection metric's label
         self.retry_after_seconds = retry_after_seconds
 
 

@@ -34,6 +34,13 @@ class Metrics:
             "mt_requests_in_flight", "Translation requests admitted and not yet answered.", registry=r
         )
         self.queue_depth = Gauge("mt_queue_depth", "Sentences waiting to join a batch.", ["model"], registry=r)
+        self.expected_queue_wait = Gauge(
+            "mt_queue_expected_wait_seconds",
+            "Waiting sentences / measured throughput: the wait a new request can expect (admission compares it "
+            "with MT_MAX_QUEUE_WAIT_SECONDS); 0 when nothing waits, -1 while the throughput is not known.",
+            ["model"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "mt_queue_wait_seconds",
             "Time a sentence waited before its encoder pass.",
@@ -72,7 +79,7 @@ class Metrics:
         )
         self.rejected = Counter(
             "mt_rejected_requests_total",
-            "Requests refused before any work: queue_full, too_large, shutting_down.",
+            "Requests refused before any work: queue_full, too_many_requests, too_large, not_ready, shutting_down.",
             ["reason"],
             registry=r,
         )

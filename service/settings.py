@@ -60,8 +60,29 @@ class Settings(BaseSettings):
         16384, ge=1, description="sum over running rows of source length + maximum output length"
     )
     max_queue_sentences: int = Field(2048, ge=1, description="sentences waiting; beyond it requests get 503")
+    max_queue_wait_seconds: float = Field(
+        10.0,
+        ge=0,
+        description="expected wait in the queue (waiting sentences / measured throughput) beyond which requests "
+        "get 503; 0: off, only max_queue_sentences bounds the queue",
+    )
+    max_concurrent_requests: int = Field(
+        256, ge=1, description="/translate requests handled at once (reading, queued or running); beyond it 503"
+    )
     request_timeout_seconds: float = Field(30.0, gt=0, description="deadline of a request; 504 after it")
     retry_after_seconds: int = Field(1, ge=1, description="Retry-After sent with 503")
+
+    # -- connections and shutdown --------------------------------------------------------------
+    body_timeout_seconds: float = Field(
+        10.0, gt=0, description="time from a request's headers to the end of its body; 408 after it (slow clients)"
+    )
+    max_connections: int = Field(
+        1024, ge=1, description="open connections and tasks beyond which uvicorn answers 503 (limit_concurrency)"
+    )
+    keep_alive_seconds: int = Field(5, ge=1, description="an idle keep-alive connection is closed after this")
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, description="after SIGTERM: time for requests in flight to finish before the process exits"
+    )
 
     # -- decoding defaults and limits ----------------------------------------------------------
     default_beam_size: int = Field(1, ge=1, le=16)
@@ -79,10 +100,14 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="if set, /translate needs one of these keys (api_key field)"
     )
+    metadata_api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="if set, /metrics and /v1/models need one of these keys (X-API-Key or Authorization: Bearer)",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="CORS off when empty")
     log_level: str = "INFO"
 
-    @field_validator("models", "providers", "api_keys", "cors_origins", mode="before")
+    @field_validator("models", "providers", "api_keys", "metadata_api_keys", "cors_origins", mode="before")
     @classmethod
     def _lists(cls, value: object) -> object:
         return _split_list(value)

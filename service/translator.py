@@ -80,14 +80,17 @@ class Translator:
 
     def prepare(self, texts: list[str], target: str, options: TranslateOptions) -> Prepared:
         split = text.split_html if options.html else text.split_text
-        documents = [split(text.clean(t)).expand(self.tokenizer.count, self.max_source_tokens) for t in texts]
+        documents = [split(text.clean(t)) for t in texts]
+        self._check_sentences(sum(len(doc.sentences) for doc in documents))  # before any token is counted
+        documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.sentences]
-        if len(sentences) > self.settings.max_request_sentences:
-            raise TooLarge(
-                f"the request has {len(sentences)} sentences; the limit is {self.settings.max_request_sentences}"
-            )
+        self._check_sentences(len(sentences))  # cutting long sentences made more
         jobs = [self.tokenizer.encode(s, target) for s in sentences]
         return Prepared(documents, jobs, [self._search_options(len(ids), options) for ids in jobs])
+
+    def _check_sentences(self, count: int) -> None:
+        if count > self.settings.max_request_sentences:
+            raise TooLarge(f"the request has {count} sentences; the limit is {self.settings.max_request_sentences}")
 
     def _search_options(self, src_len: int, options: TranslateOptions) -> SearchOptions:
         cap = min(options.max_length or self.settings.max_output_tokens, self.settings.max_output_tokens)

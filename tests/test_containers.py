@@ -220,6 +220,11 @@ def test_the_server_runs_as_a_user_on_a_read_only_root_without_torch(stack: Stac
     container = run(stack.compose + ["ps", "--quiet", "translator"], env=stack.env).stdout.strip()
     read_only = run(["docker", "inspect", "--format", "{{.HostConfig.ReadonlyRootfs}}", container]).stdout.strip()
     assert read_only == "true", f"the translator's root filesystem is not read-only ({read_only!r})"
+    host = json.loads(run(["docker", "inspect", "--format", "{{json .HostConfig}}", container]).stdout)
+    capabilities = f"capabilities: drop {host['CapDrop']}, add {host['CapAdd']}"
+    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"], capabilities
+    assert "no-new-privileges:true" in (host["SecurityOpt"] or []), f"security options: {host['SecurityOpt']}"
+    assert not host["Privileged"], "the translator runs privileged"
 
 
 @pytest.mark.timeout(1500)

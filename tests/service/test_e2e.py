@@ -75,7 +75,8 @@ def wait_ready(url: str, process: subprocess.Popen[str], seconds: float = 120) -
 @pytest.fixture(scope="module")
 def server(model_dir: Path) -> Iterator[str]:
     port = free_port()
-    process = start_server(model_dir, port, MT_MAX_BATCH_ROWS="48")
+    # admission by expected queue wait is tested elsewhere; here all 64 requests must be admitted
+    process = start_server(model_dir, port, MT_MAX_BATCH_ROWS="48", MT_MAX_QUEUE_WAIT_SECONDS="0")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process)

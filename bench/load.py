@@ -1,0 +1,111 @@
+"""A small closed-loop HTTP load generator on raw asyncio streams (keep-alive HTTP/1.1): N clients, each
+sending its next request as soon as the previous answer arrives. Light enough to share a 2-core machine
+with the server it measures. Used by the server, overload and soak benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    seconds: float
+    latencies: list[float] = field(default_factory=list)  # seconds, answered requests only
+    statuses: dict[int, int] = field(default_factory=dict)
+    output_tokens: int = 0
+    failures: int = 0  # connection errors, not HTTP statuses
+
+    @property
+    def ok(self) -> int:
+        return self.statuses.get(200, 0)
+
+    @property
+    def errors(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status != 200) + self.failures
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q)) if self.latencies else float("nan")
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "clients": self.clients,
+            "requests_per_s": self.ok / self.seconds,
+            "tokens_per_s": self.output_tokens / self.seconds,
+            "p50_ms": 1000 * self.percentile(50),
+            "p95_ms": 1000 * self.percentile(95),
+            "p99_ms": 1000 * self.percentile(99),
+            "errors": self.errors,
+        }
+
+
+class Connection:
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        if self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        self.writer.write(head + body)
+        await self.writer.drain()
+        assert self.reader is not None
+        status_line = await self.reader.readline()
+        headers = {}
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        payload = await self.reader.readexactly(int(headers.get("content-length", "0")))
+        if headers.get("connection") == "close":
+            self.writer.close()
+        return int(status_line.split()[1]), headers, payload
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def run_load(
+    host: str, port: int, clients: int, seconds: float, next_body: Callable[[int], bytes], path: str = "/translate"
+) -> LoadResult:
+    """`clients` closed loops for `seconds`; next_body(i) gives the i-th request's JSON body."""
+    result = LoadResult(clients, seconds)
+    counter = iter(range(10**12))
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        connection = Connection(host, port)
+        try:
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                try:
+                    status, _, payload = await connection.request(path, next_body(next(counter)))
+                except (OSError, asyncio.IncompleteReadError):
+                    result.failures += 1
+                    connection.close()
+                    connection = Connection(host, port)
+                    await asyncio.sleep(0.01)
+                    continue
+                result.statuses[status] = result.statuses.get(status, 0) + 1
+                if status == 200:
+                    result.latencies.append(time.perf_counter() - started)
+                    result.output_tokens += json.loads(payload)["usage"]["output_tokens"]
+        finally:
+            connection.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    result.seconds = time.perf_counter() - started
+    return result

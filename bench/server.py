@@ -1,0 +1,139 @@
+"""Server benchmark: the real server on loopback under 1, 8, 32 and 128 concurrent clients sending real
+sentences (one per request, the default model's test set): throughput, p50/p95/p99 latency, errors;
+continuous batching vs the static mode vs one sentence at a time; int8 vs fp32. The engine's own
+batch-32 throughput on the same sentences is measured alongside, as the ceiling to compare with.
+
+    python -m bench.server                      # everything (about 15 minutes)
+    python -m bench.server --modes continuous --variants int8 --clients 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.load import run_load
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = {  # server settings per mode
+    "continuous": {"MT_BATCHING": "continuous"},
+    "static": {"MT_BATCHING": "static"},
+    "sequential": {"MT_BATCHING": "static", "MT_MAX_BATCH_ROWS": "1"},
+}
+
+
+def sentences(corpus: Path, limit: int) -> list[str]:
+    path = corpus / "test.en"
+    if not path.is_file():
+        raise SystemExit(f"{path} not found: build the corpus first (python -m model_export.corpus build)")
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()][:limit]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(models_dir: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    environment = {**os.environ, "MT_MODELS_DIR": str(models_dir), "MT_LOG_LEVEL": "WARNING", **env}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)], env=environment, cwd=ROOT
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit("the server did not become ready")
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+
+
+def engine_ceiling(models_dir: Path, variant: str, texts: list[str]) -> float:
+    """Target tokens/s of the engine alone: static batches of 32, the same sentences, greedy."""
+    code = (
+        "import sys, json, time\n"
+        "from pathlib import Path\n"
+        "from model_export.evaluate import translate_all\n"
+        "texts = json.loads(sys.stdin.read())\n"
+        f"folder = next(p for p in Path({str(models_dir)!r}).iterdir() if (p / 'manifest.json').exists())\n"
+        f"_, tokens, seconds = translate_all(folder, texts, {variant!r}, 1, 32, 2)\n"
+        "print(tokens / seconds)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(texts), capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def measure(port: int, texts: list[str], clients: int, seconds: float) -> dict[str, float]:
+    def body(i: int) -> bytes:
+        return json.dumps({"q": texts[i % len(texts)], "source": "en", "target": "fr"}).encode()
+
+    asyncio.run(run_load("127.0.0.1", port, clients, 3.0, body))  # warm-up at this concurrency
+    return asyncio.run(run_load("127.0.0.1", port, clients, seconds, body)).summary()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.splitlines()[0])
+    parser.add_argument("--models-dir", type=Path, default=ROOT / "models")
+    parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
+    parser.add_argument("--modes", default="continuous,static,sequential")
+    parser.add_argument("--variants", default="int8,fp32")
+    parser.add_argument("--clients", default="1,8,32,128")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--sentences", type=int, default=1000)
+    args = parser.parse_args(argv)
+    texts = sentences(args.corpus, args.sentences)
+    rows = []
+    for variant in args.variants.split(","):
+        ceiling = engine_ceiling(args.models_dir, variant, texts)
+        print(f"engine alone, {variant}, batch 32: {ceiling:,.0f} target tok/s", flush=True)
+        for mode in args.modes.split(","):
+            port = free_port()
+            server = start_server(args.models_dir, port, {"MT_VARIANT": variant, **MODES[mode]})
+            try:
+                for clients in (int(c) for c in args.clients.split(",")):
+                    row = {"variant": variant, "mode": mode, **measure(port, texts, clients, args.seconds)}
+                    row["of_engine"] = row["tokens_per_s"] / ceiling
+                    rows.append(row)
+                    print(
+                        json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True
+                    )
+            finally:
+                stop_server(server)
+    print(
+        "| variant | mode | clients | requests/s | target tok/s | % of engine b32 | p50 ms | p95 ms | p99 ms | errors |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['variant']} | {r['mode']} | {r['clients']} | {r['requests_per_s']:.1f} | {r['tokens_per_s']:,.0f} "
+            f"| {100 * r['of_engine']:.0f}% | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} "
+            f"| {r['errors']} |"
+        )
+    out = ROOT / "runs" / "bench" / "server.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
