@@ -101,7 +101,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from model_export.quantize import add_int8_variant
 
-    manifest = add_int8_variant(args.model_dir, per_channel=not args.per_tensor, make_default=args.make_default)
+    manifest = add_int8_variant(
+        args.model_dir, per_channel=not args.per_tensor, make_default=args.make_default,
+        embeddings=not args.fp32_embeddings,
+    )
     print(f"added variant int8 to {args.model_dir} (default: {manifest['default_variant']})")
     return 0
 
@@ -123,7 +126,63 @@ def _add_evaluate_and_quantize(sub: argparse._SubParsersAction) -> None:
     quantize.add_argument("--model-dir", type=Path, required=True)
     quantize.add_argument("--per-tensor", action="store_true", help="one scale per matrix instead of per column")
     quantize.add_argument("--make-default", action="store_true", help="make int8 the folder's default variant")
+    quantize.add_argument(
+        "--fp32-embeddings", action="store_true", help="keep the embedding tables in fp32 (default: int8 too)"
+    )
     quantize.set_defaults(run=cmd_quantize)
+
+
+def cmd_convert_marian(args: argparse.Namespace) -> int:
+    from model_export.marian import convert_marian
+
+    targets = [t.strip() for t in args.target_languages.split(",") if t.strip()] if args.target_languages else None
+    print(f"wrote {convert_marian(args.hf_dir, args.out, args.source_language, targets, args.name, args.version)}")
+    return 0
+
+
+def cmd_to_marian(args: argparse.Namespace) -> int:
+    from model_export.marian import to_marian
+
+    print(f"wrote {to_marian(args.checkpoint, args.out)}")
+    return 0
+
+
+def _add_marian(sub: argparse._SubParsersAction) -> None:
+    convert = sub.add_parser("convert-marian", help="write a model folder from a Hugging Face Marian (OPUS-MT) folder")
+    convert.add_argument("--hf-dir", type=Path, required=True, help="config.json, weights, *.spm, vocab.json")
+    convert.add_argument("--out", type=Path, required=True, help="the model folder to write")
+    convert.add_argument("--source-language", help="default: tokenizer_config.json or a name like opus-mt-en-fr")
+    convert.add_argument("--target-languages", help="comma-separated; multilingual models: default all >>xx<< tokens")
+    convert.add_argument("--name", help="model name in the manifest (default: the folder's name)")
+    convert.add_argument("--version", default="1.0.0")
+    convert.set_defaults(run=cmd_convert_marian)
+
+    to_marian = sub.add_parser("to-marian", help="write a checkpoint as a Hugging Face Marian folder")
+    to_marian.add_argument("--checkpoint", type=Path, required=True)
+    to_marian.add_argument("--out", type=Path, required=True, help="the Hugging Face folder to write")
+    to_marian.set_defaults(run=cmd_to_marian)
+
+
+def cmd_card(args: argparse.Namespace) -> int:
+    import json
+
+    from model_export import checkpoint
+    from model_export.card import write_card
+
+    reports = [json.loads(path.read_text(encoding="utf-8")) for path in args.evaluations]
+    card = write_card(args.model_dir, checkpoint.load(args.checkpoint), args.corpus, reports, args.title)
+    print(f"wrote {card}")
+    return 0
+
+
+def _add_card(sub: argparse._SubParsersAction) -> None:
+    card = sub.add_parser("card", help="write a model folder's README.md and NOTICE from measured results")
+    card.add_argument("--model-dir", type=Path, required=True)
+    card.add_argument("--checkpoint", type=Path, required=True, help="the checkpoint the folder was exported from")
+    card.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    card.add_argument("--evaluations", type=Path, nargs="+", required=True, help="JSON reports of `evaluate`")
+    card.add_argument("--title", default="English to French for software text")
+    card.set_defaults(run=cmd_card)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -152,6 +211,8 @@ def parser() -> argparse.ArgumentParser:
     verify.set_defaults(run=cmd_verify)
     _add_train(sub)
     _add_evaluate_and_quantize(sub)
+    _add_marian(sub)
+    _add_card(sub)
     return p
 
 

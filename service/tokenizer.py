@@ -64,13 +64,14 @@ class Tokenizer:
         return int(has_prefix) + len(self._pieces(text)) + int(self.append_eos)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Target ids -> text: stops at the first eos; pad, decoder start and target-language tokens are dropped."""
+        """Target ids -> text: stops at the first eos; pad, decoder start and target-language tokens are dropped;
+        no leading or trailing whitespace (the text path puts the source's own spacing back, as MarianTokenizer)."""
         kept = self._content_ids(ids)
         if self.vocabulary is None:
             size = self.target.get_piece_size()
-            return self.target.decode([i if 0 <= i < size else self.target.unk_id() for i in kept])
+            return self.target.decode([i if 0 <= i < size else self.target.unk_id() for i in kept]).strip()
         unknown = self.pieces.get(self.special.unk, self.target.id_to_piece(self.target.unk_id()))
-        return self._decode_pieces([self.pieces.get(i, unknown) for i in kept])
+        return self._decode_pieces([self.pieces.get(i, unknown) for i in kept]).strip()
 
     def _piece_ids(self, text: str) -> list[int]:
         if self.vocabulary is None:

@@ -119,8 +119,8 @@ def test_decode_stops_at_the_first_eos_and_drops_specials(plain: Tokenizer) -> N
 
 
 def test_unknown_and_out_of_range_ids_decode_as_unknown(plain: Tokenizer) -> None:
-    assert plain.decode([UNK]) == " ⁇ "
-    assert plain.decode([10_000]) == " ⁇ "
+    assert plain.decode([UNK]) == "⁇"
+    assert plain.decode([10_000]) == "⁇"
 
 
 def test_a_target_token_must_be_a_piece_of_the_model(folder: Path) -> None:
@@ -171,7 +171,7 @@ def test_vocabulary_round_trip(marian: Tokenizer, processor: spm.SentencePiecePr
 def test_vocabulary_decode_drops_pad_start_and_language_tokens(marian: Tokenizer) -> None:
     body = marian.encode("Hello world", "es")[1:-1]
     assert marian.decode([MARIAN["decoder_start"], 3, *body, MARIAN["eos"], *body]) == "Hello world"
-    assert marian.decode([MARIAN["unk"], 10_000]) == " ⁇  ⁇ "
+    assert marian.decode([MARIAN["unk"], 10_000]) == "⁇  ⁇"
 
 
 def test_a_source_only_piece_decodes_with_its_space(folder: Path, spm_model: bytes) -> None:

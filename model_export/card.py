@@ -1,0 +1,158 @@
+"""Writes a model folder's card (README.md) and NOTICE from what was measured: the corpus statistics, the
+training history kept in the checkpoint, the evaluation reports and the parameter count. Knows file
+layouts; computes nothing it reports.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from model_export.checkpoint import Checkpoint
+from model_export.model import Transformer
+
+
+def _row(*cells: object) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+
+def parameter_count(checkpoint: Checkpoint) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(checkpoint.config).parameters())
+
+
+def architecture(checkpoint: Checkpoint) -> str:
+    c = checkpoint.config
+    return (
+        f"{c.norm_position}-norm Transformer, d_model {c.d_model}, {c.n_heads} heads, d_ff {c.d_ff}, "
+        f"{c.n_encoder_layers} encoder + {c.n_decoder_layers} decoder layers, {c.activation}, "
+        f"{c.sinusoid_layout} sinusoids, shared {c.src_vocab_size:,}-piece SentencePiece vocabulary, "
+        f"tied embeddings, {parameter_count(checkpoint):,} parameters"
+    )
+
+
+def data_section(stats: dict) -> list[str]:
+    pairs = stats["pairs"]
+    lines = [
+        "## Data",
+        "",
+        f"{sum(pairs.values()):,} English→French pairs ({pairs['train']:,} train, {pairs['dev']:,} dev, "
+        f"{pairs['test']:,} test) from the French gettext catalogs of {len(stats['packages'])} pinned Debian "
+        "bookworm packages and PyPI wheels (`model_export/corpus/packages.txt`), rebuilt offline by "
+        "`python -m model_export.corpus build`. Dev and test were held out after grouping on a normalised "
+        "source (lower case, no punctuation, placeholders masked), so near-identical strings cannot leak.",
+        "",
+        _row("group", "train", "dev", "test"),
+        _row("---", "---:", "---:", "---:"),
+    ]
+    for group, counts in sorted(stats["groups"].items(), key=lambda kv: -kv[1]["train"]):
+        lines.append(_row(group, f"{counts['train']:,}", f"{counts['dev']:,}", f"{counts['test']:,}"))
+    dropped = ", ".join(f"{reason} {n:,}" for reason, n in sorted(stats["dropped"].items(), key=lambda kv: -kv[1]))
+    lines += ["", f"Dropped while cleaning: {dropped}.", "", "Licences of the sources: `NOTICE` and `licenses/`.", ""]
+    return lines
+
+
+def training_section(checkpoint: Checkpoint) -> list[str]:
+    progress = checkpoint.training.get("progress", {})
+    options = checkpoint.provenance.get("options", {})
+    hours = progress.get("seconds", 0) / 3600
+    lines = [
+        "## Training",
+        "",
+        f"{progress.get('step', 0):,} steps ({progress.get('epoch', 0) + 1} passes over the data begun), "
+        f"{progress.get('tokens', 0):,} target tokens, {hours:.2f} hours of training on 2 CPU cores "
+        f"({progress.get('tokens', 0) / max(progress.get('seconds', 1), 1):,.0f} target tokens/s), "
+        f"Adam with {options.get('warmup_steps', '?')} warm-up steps to {options.get('peak_lr', '?')} and "
+        f"inverse square-root decay, label smoothing {options.get('label_smoothing', '?')}, dropout "
+        f"{options.get('dropout', '?')}, about {options.get('batch_tokens', '?')} tokens per batch, seed "
+        f"{options.get('seed', '?')}; the shipped weights average the last checkpoints "
+        f"({', '.join(checkpoint.provenance.get('averaged', []))}).",
+        "",
+        _row("step", "minutes", "train loss", "dev loss", "dev BLEU", "dev chrF"),
+        _row("---:", "---:", "---:", "---:", "---:", "---:"),
+    ]
+    for h in progress.get("history", []):
+        lines.append(_row(h["step"], h["minutes"], f"{h['train_loss']:.2f}", f"{h['dev_loss']:.2f}",
+                          f"{h['dev_bleu']:.1f}", f"{h['dev_chrf']:.1f}"))
+    return lines + [""]
+
+
+def evaluation_section(reports: list[dict], default_variant: str) -> list[str]:
+    lines = [
+        "## Evaluation",
+        "",
+        f"Held-out test set ({reports[0]['sentences']:,} sentences), sacrebleu defaults, through the server's "
+        "own path (tokenizer, ONNX Runtime, decoding loop), batches of 32, 2 threads. Placeholders: the share "
+        "of the test sentences with format placeholders (`%s`, `%d`, `%1$s`, `{name}`, ...) whose translation "
+        "has exactly the same ones.",
+        "",
+        _row("variant", "search", "BLEU", "chrF", "placeholders exact", "target tokens/s"),
+        _row("---", "---", "---:", "---:", "---:", "---:"),
+    ]
+    for r in reports:
+        search = "greedy" if r["beam_size"] == 1 else f"beam {r['beam_size']}"
+        ph = f"{r['placeholder_exact']}/{r['placeholder_sentences']} ({r['placeholder_accuracy']:.1f}%)"
+        lines.append(_row(r["variant"], search, f"{r['bleu']:.1f}", f"{r['chrf']:.1f}", ph,
+                          f"{r['target_tokens'] / r['seconds']:,.0f}"))
+    lines += ["", f"The server runs `{default_variant}` unless `MT_VARIANT` says otherwise.", ""]
+    return lines
+
+
+def examples_section(report: dict) -> list[str]:
+    lines = [
+        "## Examples",
+        "",
+        f"20 test sentences drawn at random (seed 0), best first by sentence chrF ({report['variant']}, "
+        f"{'greedy' if report['beam_size'] == 1 else 'beam ' + str(report['beam_size'])}):",
+        "",
+        _row("source", "reference", "translation", "chrF"),
+        _row("---", "---", "---", "---:"),
+    ]
+    lines += [_row(e["source"], e["reference"], e["translation"], e["chrf"]) for e in report["examples"]]
+    return lines + [""]
+
+
+LIMITATIONS = [
+    "## Limitations",
+    "",
+    "- The domain is software text: interface strings, messages, help, documentation snippets and some game",
+    "  dialogue. News, conversation, legal or medical text will translate much worse.",
+    "- Sentences are translated one at a time: no document context (gender and register across sentences).",
+    "- Trained on about 225k pairs for two hours on two CPU cores: expect literal translations, occasional",
+    "  omissions on long sentences, and English words left untranslated.",
+    "- Keyboard accelerators (`_File`, `&Open`) were removed from the training data: send strings without them.",
+    "",
+]
+
+
+def write_card(folder: Path, checkpoint: Checkpoint, corpus: Path, reports: list[dict], title: str) -> Path:
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    stats = json.loads((corpus / "stats.json").read_text(encoding="utf-8"))
+    default = manifest["default_variant"]
+    sizes = ", ".join(
+        f"{name} {sum((folder / v[g]['file']).stat().st_size for g in ('encoder', 'decoder_step')) / 1e6:.1f} MB"
+        for name, v in manifest["variants"].items()
+    )
+    lines = [
+        f"# {manifest['name']} {manifest['version']}: {title}",
+        "",
+        f"{architecture(checkpoint)}. Graph variants: {sizes} (encoder + step decoder); default `{default}`.",
+        "",
+        "```sh",
+        "curl -s localhost:8000/translate -H 'content-type: application/json' \\",
+        "  -d '{\"q\": \"Save the document as %s.\", \"source\": \"en\", \"target\": \"fr\"}'",
+        "```",
+        "",
+    ]
+    lines += evaluation_section(reports, default) + data_section(stats) + training_section(checkpoint)
+    best = next((r for r in reports if r["variant"] == default and r["beam_size"] == 1), reports[0])
+    lines += examples_section(best) + LIMITATIONS
+    card = folder / "README.md"
+    card.write_text("\n".join(lines), encoding="utf-8")
+    shutil.copy(corpus / "NOTICE", folder / "NOTICE")
+    if (corpus / "licenses").is_dir():
+        shutil.copytree(corpus / "licenses", folder / "licenses", dirs_exist_ok=True)
+    return card
