@@ -124,6 +124,9 @@ LIMITATIONS = [
     "- Trained on about 225k pairs for two hours on two CPU cores: expect literal translations, occasional",
     "  omissions on long sentences, and English words left untranslated.",
     "- Keyboard accelerators (`_File`, `&Open`) were removed from the training data: send strings without them.",
+    "- Placeholders come out exactly as in the source in about 97% of sentences; the misses are mostly named",
+    "  ones whose name is an English word, which the model sometimes translates (`%(folder)s` ->",
+    "  `%(dossier)s`). Check placeholders before shipping a translation.",
     "",
 ]
 

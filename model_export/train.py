@@ -310,7 +310,7 @@ def train(opts: TrainOptions) -> Path:
         progress.seconds += time.monotonic() - step_started
         bar.update(1)
         bar.set_postfix(
-            loss=f"{float(loss):.3f}",
+            loss=f"{loss.item():.3f}",
             tok_s=f"{progress.tokens / max(progress.seconds, 1e-9):,.0f}",
             epoch=progress.epoch,
             lr=f"{learning_rate(progress.step, opts):.1e}",
@@ -320,7 +320,7 @@ def train(opts: TrainOptions) -> Path:
             record = {
                 "step": progress.step,
                 "minutes": round(progress.seconds / 60, 1),
-                "train_loss": float(loss),
+                "train_loss": loss.item(),
                 **evaluate_dev(model, dev, sp, opts),
             }
             progress.history.append(record)

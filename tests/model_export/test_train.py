@@ -1,0 +1,61 @@
+"""The training command on a tiny corpus: it trains, evaluates, checkpoints, resumes where it stopped and
+writes an averaged final checkpoint that exports and serves."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from model_export import checkpoint
+from model_export.export import export_folder
+from model_export.train import TrainOptions, learning_rate, make_batches, train
+from tests.factories import SENTENCES, train_sentencepiece
+
+
+@pytest.fixture()
+def options(tmp_path: Path) -> TrainOptions:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    english, french = SENTENCES[:6] + SENTENCES[12:14], SENTENCES[6:12] + SENTENCES[14:16]
+    for split in ("train", "dev"):
+        (corpus / f"{split}.en").write_text("\n".join(english) + "\n")
+        (corpus / f"{split}.fr").write_text("\n".join(french) + "\n")
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(train_sentencepiece())
+    return TrainOptions(
+        corpus=corpus, tokenizer=spm, out=tmp_path / "run", d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
+        n_decoder_layers=1, batch_tokens=200, warmup_steps=4, max_steps=6, eval_every_minutes=0.0,
+        checkpoint_every_minutes=0.0, dev_sentences=4, threads=1,
+    )
+
+
+def test_trains_checkpoints_resumes_and_averages(options: TrainOptions) -> None:
+    final = train(options)
+    first = checkpoint.load(final)
+    progress = first.training["progress"]
+    assert progress["step"] == 6 and progress["history"]
+    assert {"dev_loss", "dev_bleu", "dev_chrf"} <= set(progress["history"][-1])
+    assert len(list(options.out.glob("step-*.pt"))) <= options.keep_checkpoints
+    resumed = checkpoint.load(train(TrainOptions(**{**vars(options), "max_steps": 9})))
+    assert resumed.training["progress"]["step"] == 9  # went on from step 6, not from 0
+    assert resumed.config == first.config and resumed.config.norm_position == "post"
+    assert all(torch.isfinite(t).all() for t in resumed.state_dict.values())
+    assert export_folder(resumed, options.out / "folder", "tiny", "0").is_dir()
+
+
+def test_learning_rate_warms_up_then_decays() -> None:
+    opts = TrainOptions(corpus=Path("."), tokenizer=Path("."), out=Path("."), peak_lr=1e-3, warmup_steps=100)
+    assert learning_rate(50, opts) == pytest.approx(5e-4)
+    assert learning_rate(100, opts) == pytest.approx(1e-3)
+    assert learning_rate(400, opts) == pytest.approx(5e-4)
+
+
+def test_batches_cover_every_pair_once_and_respect_the_token_budget() -> None:
+    sources = [[1] * n for n in (3, 9, 4, 12, 5, 7, 2, 8)]
+    targets = [[1] * n for n in (4, 8, 3, 11, 6, 7, 2, 9)]
+    batches = make_batches(sources, targets, batch_tokens=60, seed=1)
+    assert sorted(i for b in batches for i in b) == list(range(8))
+    for batch in batches:
+        width = max(max(len(sources[i]), len(targets[i])) + 1 for i in batch)
+        assert len(batch) == 1 or width * 2 * len(batch) <= 60
+    assert batches == make_batches(sources, targets, batch_tokens=60, seed=1)  # same seed, same order

@@ -1,0 +1,51 @@
+"""The shipped default model (models/en-fr) is served out of the box and translates software strings."""
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+from service.model_folder import load_model_folder
+from service.settings import SHIPPED_MODELS, Settings
+
+DEFAULT = SHIPPED_MODELS / "en-fr"
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    with TestClient(create_app(Settings(intra_op_threads=1))) as c:  # every default: the shipped model
+        yield c
+
+
+def test_the_folder_is_intact_and_int8_by_default() -> None:
+    manifest = load_model_folder(DEFAULT).manifest  # checksums of every file
+    assert manifest.default_variant == "int8" and set(manifest.variants) == {"fp32", "int8"}
+    assert (DEFAULT / "README.md").is_file() and (DEFAULT / "NOTICE").is_file()
+
+
+def test_it_is_what_a_plain_start_serves(client: TestClient) -> None:
+    models = client.get("/v1/models").json()["models"]
+    assert [(m["name"], m["variant"]) for m in models] == [("en-fr", "int8")]
+    assert client.get("/languages").json()[0] == {"code": "en", "name": "English", "targets": ["fr"]}
+
+
+@pytest.mark.parametrize(
+    ("english", "french_words"),
+    [("Open the file.", ["fichier"]), ("Cannot connect to the server.", ["serveur"]), ("Delete %d files?", ["%d"])],
+)
+def test_it_translates_software_strings(client: TestClient, english: str, french_words: list[str]) -> None:
+    body = client.post("/translate", json={"q": english, "source": "en", "target": "fr"}).json()
+    assert all(word in body["translatedText"] for word in french_words), body
+
+
+def test_placeholders_survive(client: TestClient) -> None:
+    q = ["Save the document as %s.", "Copying %d files to %s", "%1$s of %2$s", "Welcome, {name}!"]
+    texts = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["translatedText"]
+    for source, translation in zip(q, texts, strict=True):
+        for placeholder in ("%s", "%d", "{name}", "%1$s", "%2$s"):
+            assert (placeholder in source) == (placeholder in translation), (source, translation)
+
+
+def test_settings_default_to_the_shipped_models() -> None:
+    assert Settings().models_dir == Path(__file__).resolve().parent.parent / "models"
