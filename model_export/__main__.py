@@ -175,6 +175,22 @@ def cmd_card(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_to_ctranslate2(args: argparse.Namespace) -> int:
+    from model_export import checkpoint
+    from model_export.ctranslate2_export import to_ctranslate2
+
+    print(f"wrote {to_ctranslate2(checkpoint.load(args.checkpoint), args.out, args.quantization)}")
+    return 0
+
+
+def _add_ctranslate2(sub: argparse._SubParsersAction) -> None:
+    ct2 = sub.add_parser("to-ctranslate2", help="write a checkpoint as a CTranslate2 model (exactly its weights)")
+    ct2.add_argument("--checkpoint", type=Path, required=True)
+    ct2.add_argument("--out", type=Path, required=True, help="the CTranslate2 model folder to write")
+    ct2.add_argument("--quantization", default="float32", choices=["float32", "int8", "int8_float32", "int16"])
+    ct2.set_defaults(run=cmd_to_ctranslate2)
+
+
 def _add_card(sub: argparse._SubParsersAction) -> None:
     card = sub.add_parser("card", help="write a model folder's README.md and NOTICE from measured results")
     card.add_argument("--model-dir", type=Path, required=True)
@@ -213,6 +229,7 @@ def parser() -> argparse.ArgumentParser:
     _add_evaluate_and_quantize(sub)
     _add_marian(sub)
     _add_card(sub)
+    _add_ctranslate2(sub)
     return p
 
 
