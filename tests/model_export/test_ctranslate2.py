@@ -31,7 +31,9 @@ def test_ctranslate2_runs_exactly_our_weights(spm_model: bytes, tmp_path: Path, 
     vocab = __import__("sentencepiece").SentencePieceProcessor(model_proto=spm_model)
     tokens = [[vocab.id_to_piece(int(i)) for i in row[mask]] for row, mask in zip(src_ids, src_mask, strict=True)]
     expected = reference.greedy(model, src_ids, src_mask, 12)
-    results = translator.translate_batch(tokens, beam_size=1, max_decoding_length=12, return_scores=False)
+    results = translator.translate_batch(
+        tokens, beam_size=1, max_decoding_length=12, min_decoding_length=0, return_scores=False
+    )
     got = [[vocab.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
     assert got == [[t for t in ids if t != cfg.eos_id] for ids in expected]
     for row, ids in enumerate(expected):  # token log-probabilities of the reference's own output
