@@ -52,3 +52,15 @@ def test_beams_reordered_within_a_sentence_keep_the_source_buffers() -> None:
     assert cache.cross_keys is cross and cache.sources.tolist() == [0, 0, 0, 1, 1, 1]
     cache.select(np.array([3, 4]))  # the first sentence left: the source buffers shrink
     assert cache.cross_keys.shape[1] == 2 and cache.sources.tolist() == [1, 1]
+
+
+def test_buffers_stay_contiguous_for_the_graphs() -> None:
+    """A non-contiguous input is copied by ONNX Runtime at every step: every buffer must stay C-contiguous."""
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(3, 4, 1.0))
+    cache.select(np.array([2, 2, 0, 1]))
+    cache.append(step(4, 1.0), step(4, 1.0))
+    cache.select(np.array([3, 1]))
+    for buffer in (cache.self_keys, cache.self_values, cache.cross_keys, cache.cross_values, cache.self_mask):
+        assert buffer.flags["C_CONTIGUOUS"]
+        assert all(layer.flags["C_CONTIGUOUS"] for layer in buffer) if buffer.ndim == 5 else True
