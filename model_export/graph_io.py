@@ -17,6 +17,8 @@ Step decoder (once per generated token; rows may be at different steps):
     self_mask    (batch, cache_len)            bool   True where a cache slot holds an earlier step
     cross_key_i, cross_value_i, src_mask       as the encoder gave them (rows may repeat per beam)
  -> log_probs    (batch, tgt_vocab)            float32  log-softmax of the next token
+    top_log_probs (batch, top_k)               float32  each row's top_k best log-probs, best first,
+    top_ids      (batch, top_k)                int64    and their token ids; pad and decoder start never appear
     step_keys    (n_decoder_layers, batch, n_heads, head_dim)  float32  this step's keys
     step_values  (n_decoder_layers, batch, n_heads, head_dim)  float32  this step's values
 
@@ -36,6 +38,10 @@ from model_export.config import TransformerConfig
 
 FORMAT_VERSION = 1
 OPSET = 17
+# The step graph also returns each row's TOP_K best next tokens, pad and decoder start excluded: greedy and
+# beam search need no more (beam k takes 2k candidates, plus one when EOS is not allowed yet, so k <= 8), and
+# ONNX Runtime's TopK over (128, 59514) takes 2.7 ms where numpy's argpartition takes 33 ms.
+TOP_K = 17
 
 
 @dataclass(frozen=True)
@@ -89,10 +95,16 @@ def decoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
     return specs
 
 
+def top_k(cfg: TransformerConfig) -> int:
+    return min(TOP_K, cfg.tgt_vocab_size)
+
+
 def decoder_outputs(cfg: TransformerConfig) -> list[TensorSpec]:
     per_layer = (cfg.n_decoder_layers, "batch", cfg.n_heads, cfg.head_dim)
     return [
         TensorSpec("log_probs", "log_probs", "float32", ("batch", cfg.tgt_vocab_size)),
+        TensorSpec("top_log_probs", "top_log_probs", "float32", ("batch", top_k(cfg))),
+        TensorSpec("top_ids", "top_ids", "int64", ("batch", top_k(cfg))),
         TensorSpec("step_keys", "step_keys", "float32", per_layer),
         TensorSpec("step_values", "step_values", "float32", per_layer),
     ]

@@ -52,6 +52,9 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, list(inputs), [output], **attrs))
         return output
 
+    def ops_named(self, op_type: str, *inputs: str, outs: list[str], **attrs: object) -> None:
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, **attrs))
+
     def ops(self, op_type: str, *inputs: str, n_out: int, **attrs: object) -> list[str]:
         outputs = [self._fresh(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outputs, **attrs))
@@ -227,6 +230,10 @@ def build_decoder_step(model: Transformer) -> onnx.ModelProto:
     generator = model.generator
     logits = g.linear(x, generator.proj.weight, generator.logits_bias, "generator")  # (B, V)
     g.op("LogSoftmax", logits, axis=-1, out="log_probs")  # (B, V)
+    banned = np.zeros(cfg.tgt_vocab_size, np.bool_)
+    banned[[cfg.pad_id, cfg.decoder_start_id]] = True  # never generated
+    allowed = g.op("Where", g.const("banned", banned), g.const("minus_inf", np.float32(-np.inf)), "log_probs")
+    g.ops_named("TopK", allowed, g.ints([graph_io.top_k(cfg)]), outs=["top_log_probs", "top_ids"], axis=-1)
     for out, column in (("step_keys", 0), ("step_values", 1)):
         stacked = [g.op("Unsqueeze", pair[column], g.ints([0])) for pair in news]  # (1, B, H, Dh) each
         g.op("Concat", *stacked, axis=0, out=out)  # (L, B, H, Dh)

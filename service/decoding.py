@@ -1,7 +1,9 @@
 """Search over next-token log-probabilities, one sentence at a time: greedy and beam search.
 
-Sees numpy rows of log-probabilities and token ids only: no graphs, no batching, no text. Beam
-search follows Hugging Face transformers' `generate` (early_stopping=False): 2k candidates per step,
+Sees each row's K best candidates (log-probabilities and token ids, best first; the step graph computes
+them) and nothing else: no graphs, no batching, no text. The best 2k candidates over all of a sentence's
+rows are always among each row's best 2k, so K >= 2k + 1 (one spare for a banned EOS) loses nothing.
+Beam search follows Hugging Face transformers' `generate` (early_stopping=False): 2k candidates per step,
 a hypothesis is scored sum(log p) / length ** length_penalty (length counts the generated tokens,
 EOS included), and a sentence stops once no running beam can beat its k-th finished hypothesis.
 """
@@ -51,13 +53,14 @@ class GreedySearch:
     def last_tokens(self) -> np.ndarray:
         return np.array([self.tokens[-1] if self.tokens else self.start_id], dtype=np.int64)  # (1,)
 
-    def advance(self, log_probs: np.ndarray) -> np.ndarray:
-        """log_probs (1, V) -> the rows to keep (indexes into this step's rows)."""
-        if len(self.tokens) < self.options.min_new_tokens:
-            log_probs[:, self.eos_id] = -np.inf
-        token = int(log_probs[0].argmax())
+    def advance(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> np.ndarray:
+        """The row's candidates (1, K), best first -> the rows to keep (indexes into this step's rows)."""
+        rank = 0
+        if len(self.tokens) < self.options.min_new_tokens and top_ids[0, 0] == self.eos_id:
+            rank = 1  # EOS is not allowed yet: the next best
+        token = int(top_ids[0, rank])
         self.tokens.append(token)
-        self.log_prob += float(log_probs[0, token])
+        self.log_prob += float(top_log_probs[0, rank])
         self.done = token == self.eos_id or len(self.tokens) >= self.options.max_new_tokens
         return np.zeros(0 if self.done else 1, dtype=np.int64)
 
@@ -90,16 +93,16 @@ class BeamSearch:
             return np.full(len(self.scores), self.start_id, dtype=np.int64)  # (rows,)
         return self.sequences[:, -1].copy()  # (rows,)
 
-    def advance(self, log_probs: np.ndarray) -> np.ndarray:
-        """log_probs (rows, V) -> the parent row of every beam that runs on (indexes into this step's rows)."""
-        k, vocab = self.options.beam_size, log_probs.shape[1]
+    def advance(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> np.ndarray:
+        """Each row's candidates (rows, K), best first -> the parent row of every beam that runs on."""
+        k, width = self.options.beam_size, top_ids.shape[1]
+        total = self.scores[:, None] + top_log_probs  # (rows, K)
         if self.sequences.shape[1] < self.options.min_new_tokens:
-            log_probs[:, self.eos_id] = -np.inf
-        total = (self.scores[:, None] + log_probs).ravel()  # (rows * V,)
-        n = min(2 * k, total.size)
-        top = np.argpartition(-total, n - 1)[:n]  # (n,) unordered
-        top = top[np.argsort(-total[top], kind="stable")]  # (n,) best first
-        parents, tokens, cand_scores = top // vocab, top % vocab, total[top]  # (n,) each
+            total = np.where(top_ids == self.eos_id, -np.inf, total)  # (rows, K) EOS not allowed yet
+        flat = total.ravel()  # (rows * K,)
+        n = min(2 * k, flat.size)
+        top = np.argsort(-flat, kind="stable")[:n]  # (n,) best first
+        parents, tokens, cand_scores = top // width, top_ids.ravel()[top], flat[top]  # (n,) each
         length = self.sequences.shape[1] + 1
         hits = (tokens == self.eos_id) | (length >= self.options.max_new_tokens)  # (n,)
         for i in np.flatnonzero(hits[:k]):

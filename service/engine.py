@@ -17,15 +17,12 @@ from service.runtime import Runtime
 
 @dataclass(frozen=True)
 class TokenRules:
-    """The special ids of a model: where decoding starts, where it ends, what it never generates."""
+    """The special ids of a model: where decoding starts, where it ends, how sources are padded. (Pad and the
+    decoder start are never generated: the step graph leaves them out of its top-K candidates.)"""
 
     decoder_start_id: int
     eos_id: int
     pad_id: int
-
-    @property
-    def banned(self) -> list[int]:
-        return sorted({self.pad_id, self.decoder_start_id})
 
 
 def pad_batch(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -39,13 +36,14 @@ def pad_batch(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.nda
     return src_ids, src_mask
 
 
-def advance_all(searches: list[Search], log_probs: np.ndarray) -> np.ndarray:
-    """Give each search its slice of rows; returns the cache rows to keep, in the new row order."""
+def advance_all(searches: list[Search], top_log_probs: np.ndarray, top_ids: np.ndarray) -> np.ndarray:
+    """Give each search its slice of rows' candidates; returns the cache rows to keep, in the new row order."""
     keep, offset = [], 0
     for search in searches:
         rows = search.rows
-        keep.append(search.advance(log_probs[offset : offset + rows]) + offset)
-        offset += rows
+        end = offset + rows
+        keep.append(search.advance(top_log_probs[offset:end], top_ids[offset:end]) + offset)
+        offset = end
     return np.concatenate(keep) if keep else np.zeros(0, np.int64)
 
 
@@ -63,8 +61,6 @@ def decode_batch(
         input_ids = np.concatenate([s.last_tokens() for s in live])  # (B,)
         out = runtime.step(input_ids, cache)
         cache.append(out.step_keys, out.step_values)
-        log_probs = out.log_probs  # (B, V)
-        log_probs[:, rules.banned] = -np.inf
-        cache.select(advance_all(live, log_probs))
+        cache.select(advance_all(live, out.top_log_probs, out.top_ids))
         live = [s for s in live if not s.done]
     return [s.results() for s in searches]

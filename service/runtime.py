@@ -36,9 +36,11 @@ class Memory(NamedTuple):
 
 
 class StepOutput(NamedTuple):
-    log_probs: np.ndarray  # (B, V)
+    top_log_probs: np.ndarray  # (B, K) each row's K best next-token log-probs, best first (pad/start excluded)
+    top_ids: np.ndarray  # (B, K) their token ids
     step_keys: np.ndarray  # (L, B, H, Dh)
     step_values: np.ndarray  # (L, B, H, Dh)
+    log_probs: np.ndarray | None = None  # (B, V) the whole distribution, only when asked (verification)
 
 
 class Runtime(Protocol):
@@ -50,7 +52,7 @@ class Runtime(Protocol):
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory: ...
 
-    def step(self, input_ids: np.ndarray, cache: DecoderCache) -> StepOutput: ...
+    def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput: ...
 
 
 def usable_providers(requested: tuple[str, ...]) -> list[str]:
@@ -95,7 +97,8 @@ class OnnxRuntime:
         self._enc_out = enc.named("cross_key") + enc.named("cross_value")
         self._dec_in = {role: dec.named(role) for role in ("self_key", "self_value", "cross_key", "cross_value")}
         self._dec_one = {role: dec.one(role) for role in ("input_ids", "positions", "self_mask", "src_mask")}
-        self._dec_out = [dec.one("log_probs"), dec.one("step_keys"), dec.one("step_values")]
+        self._dec_out = [dec.one(role) for role in ("top_log_probs", "top_ids", "step_keys", "step_values")]
+        self._dec_log_probs = dec.one("log_probs")
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
         outputs = self.encoder.run(self._enc_out, dict(zip(self._enc_in, (src_ids, src_mask), strict=True)))
@@ -103,7 +106,8 @@ class OnnxRuntime:
         values = np.stack(outputs[self.n_layers :])  # (L, b, H, S, Dh)
         return Memory(keys, values)
 
-    def step(self, input_ids: np.ndarray, cache: DecoderCache) -> StepOutput:
+    def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput:
+        """One token per row. The (B, V) log-probs leave the graph only if `full`: searches need the top K."""
         feeds = {
             self._dec_one["input_ids"]: input_ids,  # (B,)
             self._dec_one["positions"]: cache.lengths,  # (B,)
@@ -115,5 +119,5 @@ class OnnxRuntime:
             ("cross_key", cache.cross_keys), ("cross_value", cache.cross_values),
         ):
             feeds.update(zip(self._dec_in[role], buffer, strict=True))  # one (B, ...) view per layer
-        log_probs, step_keys, step_values = self.decoder.run(self._dec_out, feeds)
-        return StepOutput(log_probs, step_keys, step_values)
+        outputs = self.decoder.run(self._dec_out + ([self._dec_log_probs] if full else []), feeds)
+        return StepOutput(*outputs)

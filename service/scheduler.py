@@ -287,9 +287,7 @@ class Scheduler:
             self.cache = DecoderCache(self.runtime.n_layers, self.runtime.n_heads, self.runtime.head_dim)
             return
         self.cache.append(out.step_keys, out.step_values)
-        log_probs = out.log_probs  # (B, V)
-        log_probs[:, self.rules.banned] = -np.inf
-        self.cache.select(advance_all(searches, log_probs))
+        self.cache.select(advance_all(searches, out.top_log_probs, out.top_ids))
         still = []
         for running in self.active:
             if running.search.done:

@@ -63,6 +63,8 @@ class Translator:
         ids = manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
+        top_k = next(s for s in folder.variant(settings.variant).decoder_step.outputs if s.role == "top_ids").shape[1]
+        self.max_beam = (int(top_k) - 1) // 2  # the step graph's K candidates serve beams up to this, exactly
         limits = BatchLimits(
             static=settings.batching == "static",
             max_rows=settings.max_batch_rows,
@@ -96,6 +98,8 @@ class Translator:
         cap = min(options.max_length or self.settings.max_output_tokens, self.settings.max_output_tokens)
         relative = int(self.settings.max_output_ratio * src_len) + 10
         beam = max(options.beam_size, options.alternatives + 1)
+        if beam > self.max_beam:
+            raise InvalidRequest(f"model {self.name} serves beam_size and alternatives + 1 up to {self.max_beam}")
         search = SearchOptions(beam, min(cap, relative), options.length_penalty, options.alternatives + 1)
         if not self.scheduler.fits(search, src_len):
             raise TooLarge(

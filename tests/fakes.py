@@ -9,6 +9,7 @@ from service.kv_cache import DecoderCache
 from service.runtime import Memory, StepOutput
 
 VOCAB, PAD, START, EOS = 12, 0, 1, 2
+TOP_K = 10
 
 
 class FakeRuntime:
@@ -31,7 +32,7 @@ class FakeRuntime:
         keys[0, :, 0, 0, 0] = signature
         return Memory(keys, np.zeros((1, len(src_ids), 1, src_ids.shape[1], 1), np.float32))
 
-    def step(self, input_ids: np.ndarray, cache: DecoderCache) -> StepOutput:
+    def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput:
         self.steps += 1
         self.step_rows.append(len(input_ids))
         if self.fail_next_step:
@@ -47,7 +48,16 @@ class FakeRuntime:
             ]
         )  # (B, V)
         step_keys = input_ids.astype(np.float32).reshape(1, -1, 1, 1)  # (L, B, H, Dh)
-        return StepOutput(log_probs.astype(np.float32), step_keys, step_keys.copy())
+        top_log_probs, top_ids = top_k(log_probs.astype(np.float32), TOP_K, banned=(PAD, START))
+        return StepOutput(top_log_probs, top_ids, step_keys, step_keys.copy(), log_probs if full else None)
+
+
+def top_k(log_probs: np.ndarray, k: int, banned: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """What the step graph returns: each row's k best (log-prob, id), best first, banned ids left out."""
+    allowed = log_probs.copy()  # (B, V)
+    allowed[:, list(banned)] = -np.inf
+    ids = np.argsort(-allowed, axis=1, kind="stable")[:, :k]  # (B, k)
+    return np.take_along_axis(allowed, ids, axis=1), ids
 
 
 def row_log_probs(signature: int, position: int, last: int, history: float) -> np.ndarray:

@@ -64,7 +64,7 @@ def test_rows_at_different_steps_share_one_call(exported) -> None:
         rows = [r for r, a in zip(rows, active, strict=True) if a]
         if not rows:
             break
-        out = runtime.step(tgt[rows, steps[active]].numpy(), cache)
+        out = runtime.step(tgt[rows, steps[active]].numpy(), cache, full=True)
         cache.append(out.step_keys, out.step_values)
         worst = max(worst, float(np.abs(out.log_probs - expected[rows, steps[active]]).max()))
     assert worst < 1e-4

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from service.decoding import BeamSearch, GreedySearch, SearchOptions, new_search
+from tests.fakes import top_k
 
 VOCAB, EOS, START = 5, 0, 4
+TOP = VOCAB - 1  # every allowed token is a candidate: searches see what a full distribution would give
 
 
 def next_log_probs(prefix: tuple[int, ...]) -> np.ndarray:
@@ -22,7 +24,7 @@ def run(search: GreedySearch | BeamSearch) -> None:
     prefixes: list[tuple[int, ...]] = [()]
     while not search.done:
         log_probs = np.stack([next_log_probs(p) for p in prefixes])  # (rows, V)
-        parents = search.advance(log_probs)
+        parents = search.advance(*top_k(log_probs, TOP, banned=(START,)))
         if isinstance(search, BeamSearch):
             prefixes = [tuple(int(t) for t in seq) for seq in search.sequences] if not search.done else []
         else:

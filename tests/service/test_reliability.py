@@ -298,8 +298,8 @@ def test_a_queue_too_long_to_wait_in_is_503(client: TestClient) -> None:
 
 def test_a_real_backlog_is_measured_and_refused_then_drains(model_dir: Path) -> None:
     """No stubs: one beam-4 sentence at a time, a 512-sentence request with a 6 s deadline queues; once the
-    throughput is measured, a newcomer is refused with 503 (queue_full); when the backlog is gone (its request
-    past its deadline: 504), newcomers are admitted again."""
+    throughput is measured, a newcomer is refused with 503 (queue_full); when the backlog is gone (translated,
+    or its request past its deadline: 504, depending on the machine's speed), newcomers are admitted again."""
     settings = settings_for(model_dir, max_batch_rows=4, max_queue_wait_seconds=0.3)
     with TestClient(create_app(settings)) as c:
         big = {"q": [SENTENCES] * 128, "source": "en", "target": "fr", "beam_size": 4, "timeout": 6}
@@ -317,7 +317,7 @@ def test_a_real_backlog_is_measured_and_refused_then_drains(model_dir: Path) -> 
             refused.json()["error"],
         ), refused.json()
         worker.join(timeout=60)
-        assert result["r"].status_code == 504  # type: ignore[attr-defined]
+        assert result["r"].status_code in (200, 504)  # type: ignore[attr-defined]  # done or past its deadline
         answers_normally(c)  # nothing waits any more: admitted
 
 
