@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 MIN_CAPACITY = 16
+IN_PLACE_SHARE = 0.75  # a reorder that moves at most this share of the rows copies only those, in place
 TIME_AXIS = 3  # of the (L, B, H, T, Dh) buffers
 
 
@@ -53,8 +54,11 @@ class DecoderCache:
 
     def select(self, rows: np.ndarray) -> None:
         """Keep, repeat or reorder rows (beams following their parents, finished rows leaving)."""
-        if len(rows) == self.rows and np.array_equal(rows, np.arange(self.rows)):
-            return
+        if len(rows) == self.rows:
+            moved = np.flatnonzero(rows != np.arange(self.rows))  # (m,) rows that take another row's state
+            if moved.size <= IN_PLACE_SHARE * self.rows:
+                self._move(moved, rows[moved])
+                return
         # np.take, not buffer[:, rows]: that fancy indexing returns a non-contiguous array, which ONNX Runtime
         # then copies at every step (measured: 76 ms instead of 39 ms per step at 128 rows); take is also 2x faster
         self.self_keys = np.take(self.self_keys, rows, axis=1)  # (L, B', H, T, Dh)
@@ -68,6 +72,23 @@ class DecoderCache:
         self.cross_keys = np.take(self.cross_keys, rows, axis=1)  # (L, B', H, S, Dh)
         self.cross_values = np.take(self.cross_values, rows, axis=1)  # (L, B', H, S, Dh)
         self.src_mask = self.src_mask[rows]  # (B', S)
+
+    def _move(self, targets: np.ndarray, parents: np.ndarray) -> None:
+        """Same rows, some overwritten in place by others' state: beams that left their own parent (a beam
+        that continues its own row, the common case, costs nothing). The sources are read before any write."""
+        if targets.size == 0:
+            return
+        for name in ("self_keys", "self_values"):
+            buffer = getattr(self, name)
+            buffer[:, targets] = np.take(buffer, parents, axis=1)  # (L, m, H, T, Dh)
+        self.self_mask[targets] = self.self_mask[parents]
+        self.lengths[targets] = self.lengths[parents]
+        if not np.array_equal(self.sources[targets], self.sources[parents]):  # a row took another sentence's
+            for name in ("cross_keys", "cross_values"):
+                buffer = getattr(self, name)
+                buffer[:, targets] = np.take(buffer, parents, axis=1)  # (L, m, H, S, Dh)
+            self.src_mask[targets] = self.src_mask[parents]
+            self.sources[targets] = self.sources[parents]
 
     def append(self, step_keys: np.ndarray, step_values: np.ndarray) -> None:
         """Write this step's keys/values (L, B, H, Dh) at each row's next slot, in place."""

@@ -64,3 +64,18 @@ def test_buffers_stay_contiguous_for_the_graphs() -> None:
     for buffer in (cache.self_keys, cache.self_values, cache.cross_keys, cache.cross_values, cache.self_mask):
         assert buffer.flags["C_CONTIGUOUS"]
         assert all(layer.flags["C_CONTIGUOUS"] for layer in buffer) if buffer.ndim == 5 else True
+
+
+def test_in_place_reorder_reads_every_parent_before_writing() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(4, 2, 1.0))
+    for t in range(3):
+        cache.append(step(4, float(t)), step(4, float(t)))
+    cache.self_keys[:, :, :, 0, 0] = np.arange(4, dtype=np.float32)[None, :, None]  # each row's mark
+    buffer = cache.self_keys
+    cache.select(np.array([1, 0, 2, 3]))  # a swap: two rows move
+    assert cache.self_keys is buffer and cache.self_keys[0, :, 0, 0, 0].tolist() == [1.0, 0.0, 2.0, 3.0]
+    cache.select(np.array([2, 0, 0, 3]))  # a chain through a row that is itself overwritten
+    assert cache.self_keys[0, :, 0, 0, 0].tolist() == [2.0, 1.0, 1.0, 3.0]
+    cache.select(np.array([3, 2, 1, 0]))  # everything moves: a fresh buffer
+    assert cache.self_keys is not buffer and cache.self_keys[0, :, 0, 0, 0].tolist() == [3.0, 1.0, 1.0, 2.0]
