@@ -18,7 +18,8 @@ Step decoder (once per generated token; rows may be at different steps):
     cross_key_i, cross_value_i, src_mask       as the encoder gave them (rows may repeat per beam)
  -> log_probs    (batch, tgt_vocab)            float32  log-softmax of the next token
     top_log_probs (batch, top_k)               float32  each row's top_k best log-probs, best first,
-    top_ids      (batch, top_k)                int64    and their token ids; pad and decoder start never appear
+    top_ids      (batch, top_k)                int64    and their token ids (top_k = TOP_K + the banned ids,
+                                                        pad and decoder start, which the runtime drops)
     step_keys    (n_decoder_layers, batch, n_heads, head_dim)  float32  this step's keys
     step_values  (n_decoder_layers, batch, n_heads, head_dim)  float32  this step's values
 
@@ -38,7 +39,8 @@ from model_export.config import TransformerConfig
 
 FORMAT_VERSION = 1
 OPSET = 17
-# The step graph also returns each row's TOP_K best next tokens, pad and decoder start excluded: greedy and
+# The step graph also returns each row's best next tokens: TOP_K of them once pad and the decoder start are
+# dropped (the runtime drops them; it is cheaper than masking the whole distribution in the graph). Greedy and
 # beam search need no more (beam k takes 2k candidates, plus one when EOS is not allowed yet, so k <= 8), and
 # ONNX Runtime's TopK over (128, 59514) takes 2.7 ms where numpy's argpartition takes 33 ms.
 TOP_K = 17
@@ -95,8 +97,14 @@ def decoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
     return specs
 
 
+def banned_ids(cfg: TransformerConfig) -> list[int]:
+    """Tokens never generated: pad and the decoder start (one token in Marian models)."""
+    return sorted({cfg.pad_id, cfg.decoder_start_id})
+
+
 def top_k(cfg: TransformerConfig) -> int:
-    return min(TOP_K, cfg.tgt_vocab_size)
+    """The graph's TopK width: TOP_K clean candidates once the runtime drops the banned ids among them."""
+    return min(TOP_K + len(banned_ids(cfg)), cfg.tgt_vocab_size)
 
 
 def decoder_outputs(cfg: TransformerConfig) -> list[TensorSpec]:

@@ -99,6 +99,10 @@ class OnnxRuntime:
         self._dec_one = {role: dec.one(role) for role in ("input_ids", "positions", "self_mask", "src_mask")}
         self._dec_out = [dec.one(role) for role in ("top_log_probs", "top_ids", "step_keys", "step_values")]
         self._dec_log_probs = dec.one("log_probs")
+        ids = folder.manifest.special_ids
+        self.banned = np.array(sorted({ids.pad, ids.decoder_start}), np.int64)  # never generated
+        width = next(s for s in dec.outputs if s.role == "top_ids").shape[1]
+        self.top_k = int(width) - len(self.banned)  # clean candidates per row, after dropping the banned
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
         outputs = self.encoder.run(self._enc_out, dict(zip(self._enc_in, (src_ids, src_mask), strict=True)))
@@ -119,5 +123,15 @@ class OnnxRuntime:
             ("cross_key", cache.cross_keys), ("cross_value", cache.cross_values),
         ):
             feeds.update(zip(self._dec_in[role], buffer, strict=True))  # one (B, ...) view per layer
-        outputs = self.decoder.run(self._dec_out + ([self._dec_log_probs] if full else []), feeds)
-        return StepOutput(*outputs)
+        top_log_probs, top_ids, *rest = self.decoder.run(self._dec_out + ([self._dec_log_probs] if full else []), feeds)
+        top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.banned, self.top_k)
+        return StepOutput(top_log_probs, top_ids, *rest)
+
+
+def drop_banned(top_log_probs: np.ndarray, top_ids: np.ndarray, banned: np.ndarray, k: int) -> tuple:
+    """Each row's best k candidates without the banned ids, still best first: (B, K + b) -> (B, k)."""
+    bad = np.isin(top_ids, banned)  # (B, K + b)
+    if not bad.any():
+        return top_log_probs[:, :k], top_ids[:, :k]
+    order = np.argsort(bad, axis=1, kind="stable")[:, :k]  # (B, k) the allowed ones, in their order
+    return np.take_along_axis(top_log_probs, order, axis=1), np.take_along_axis(top_ids, order, axis=1)

@@ -63,8 +63,10 @@ class Translator:
         ids = manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
-        top_k = next(s for s in folder.variant(settings.variant).decoder_step.outputs if s.role == "top_ids").shape[1]
-        self.max_beam = (int(top_k) - 1) // 2  # the step graph's K candidates serve beams up to this, exactly
+        step_graph = folder.variant(settings.variant).decoder_step
+        width = next(s for s in step_graph.outputs if s.role == "top_ids").shape[1]
+        candidates = int(width) - len({ids.pad, ids.decoder_start})  # per row, once pad and start are dropped
+        self.max_beam = (candidates - 1) // 2  # beam k takes 2k candidates, + 1 for an EOS not allowed yet
         limits = BatchLimits(
             static=settings.batching == "static",
             max_rows=settings.max_batch_rows,
