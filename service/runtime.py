@@ -6,6 +6,8 @@ nothing of requests, searches or batching policy: the scheduler decides which ro
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -72,6 +74,9 @@ def open_session(folder: ModelFolder, graph: GraphSpec, settings: SessionSetting
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = settings.inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Memory patterns pay off for fixed shapes; the step graph sees new ones every step (rows, cache capacity),
+    # and without them the paper-size int8 model peaks 30-80 MB lower at batch 32 for the same speed.
+    options.enable_mem_pattern = False
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "1" if settings.allow_spinning else "0")
     path = folder.file(graph.file)
@@ -83,6 +88,16 @@ def open_session(folder: ModelFolder, graph: GraphSpec, settings: SessionSetting
     return session
 
 
+def release_freed_memory() -> None:
+    """Hands the heap's free pages back to the system (glibc's malloc_trim). A session frees each weight it has
+    prepacked, but glibc keeps those pages: on the paper-size int8 model that is 62 MB of 268 MB resident
+    after loading. Elsewhere than glibc this does nothing."""
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
+
+
 class OnnxRuntime:
     def __init__(self, folder: ModelFolder, variant: str | None = None, settings: SessionSettings | None = None):
         settings = settings or SessionSettings()
@@ -90,7 +105,9 @@ class OnnxRuntime:
         cfg = folder.manifest.config
         self.n_layers, self.n_heads, self.head_dim = cfg.n_decoder_layers, cfg.n_heads, cfg.head_dim
         self.encoder = open_session(folder, spec.encoder, settings)
+        release_freed_memory()
         self.decoder = open_session(folder, spec.decoder_step, settings)
+        release_freed_memory()
         self.providers = self.decoder.get_providers()
         enc, dec = spec.encoder, spec.decoder_step
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))

@@ -61,9 +61,9 @@ def test_buffers_stay_contiguous_for_the_graphs() -> None:
     cache.select(np.array([2, 2, 0, 1]))
     cache.append(step(4, 1.0), step(4, 1.0))
     cache.select(np.array([3, 1]))
-    for buffer in (cache.self_keys, cache.self_values, cache.cross_keys, cache.cross_values, cache.self_mask):
-        assert buffer.flags["C_CONTIGUOUS"]
-        assert all(layer.flags["C_CONTIGUOUS"] for layer in buffer) if buffer.ndim == 5 else True
+    for buffer in (cache.self_keys, cache.self_values, cache.cross_keys, cache.cross_values):
+        assert all(layer.flags["C_CONTIGUOUS"] for layer in buffer)  # the graph gets one (B, ...) view per layer
+    assert cache.self_mask.flags["C_CONTIGUOUS"] and cache.src_mask.flags["C_CONTIGUOUS"]
 
 
 def test_in_place_reorder_reads_every_parent_before_writing() -> None:
@@ -77,5 +77,19 @@ def test_in_place_reorder_reads_every_parent_before_writing() -> None:
     assert cache.self_keys is buffer and cache.self_keys[0, :, 0, 0, 0].tolist() == [1.0, 0.0, 2.0, 3.0]
     cache.select(np.array([2, 0, 0, 3]))  # a chain through a row that is itself overwritten
     assert cache.self_keys[0, :, 0, 0, 0].tolist() == [2.0, 1.0, 1.0, 3.0]
-    cache.select(np.array([3, 2, 1, 0]))  # everything moves: a fresh buffer
-    assert cache.self_keys is not buffer and cache.self_keys[0, :, 0, 0, 0].tolist() == [3.0, 1.0, 1.0, 2.0]
+    cache.select(np.array([3, 2, 1, 0]))  # everything moves, still in place
+    assert np.shares_memory(cache.self_keys, buffer) and cache.self_keys[0, :, 0, 0, 0].tolist() == [3.0, 1.0, 1.0, 2.0]
+    cache.select(np.array([3, 1]))  # rows leave: a view of the first two rows of the same memory
+    assert np.shares_memory(cache.self_keys, buffer) and cache.self_keys[1, :, 0, 0, 0].tolist() == [2.0, 1.0]
+    assert cache.cross_keys.shape[1] == 2 and cache.src_mask.shape == (2, 2)
+
+
+def test_a_finished_sentence_hands_its_rows_to_another_sentence_with_its_source() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(1, 2, 1.0))
+    cache.add(*memory(1, 2, 2.0))
+    cache.select(np.array([0, 0, 1, 1]))  # two beams each
+    cache.append(step(4, 5.0), step(4, 5.0))
+    cache.select(np.array([2, 3]))  # the first sentence finished: the second's beams move up, with their source
+    assert cache.sources.tolist() == [1, 1]
+    assert (cache.cross_keys == 2.0).all() and (cache.cross_values == 2.0).all()
