@@ -55,6 +55,7 @@ def decode_batch(
     memory = runtime.encode(src_ids, src_mask)  # keys and values (L, b, H, S, Dh)
     cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
     cache.add(memory.keys, memory.values, src_mask)
+    del memory  # the cache holds its own copy
     searches = [new_search(rules.decoder_start_id, rules.eos_id, o) for o in options]
     live = list(searches)
     while live:

@@ -59,24 +59,29 @@ class DecoderCache:
             n = len(rows)
             moved = np.flatnonzero(rows != np.arange(n))  # (m,) rows that take another row's state
             parents = rows[moved]  # (m,)
+            filled = int(self.lengths.max(initial=0))  # time slots any row has written
             for name in ("self_keys", "self_values"):
-                self._reorder(name, moved, parents, n)
+                self._reorder(name, moved, parents, n, filled)
             changed = self.sources[parents] != self.sources[moved]  # (m,) rows that took another sentence's place
             for name in ("cross_keys", "cross_values"):
-                self._reorder(name, moved[changed], parents[changed], n)
+                self._reorder(name, moved[changed], parents[changed], n, self.src_mask.shape[1])
         self.self_mask = self.self_mask[rows]  # (B', T)
         self.lengths = self.lengths[rows]  # (B',)
         self.src_mask = self.src_mask[rows]  # (B', S)
         self.sources = self.sources[rows]  # (B',)
 
-    def _reorder(self, name: str, targets: np.ndarray, parents: np.ndarray, n: int) -> None:
-        """In place, one layer at a time: the temporary is one layer's moved rows, never a second cache, and no
-        fresh pages are faulted in (a beam that continues its own row, the common case, costs nothing). Keeps
-        the first n rows as a view: each layer's rows stay contiguous, which is all the step graph is given."""
+    def _reorder(self, name: str, targets: np.ndarray, parents: np.ndarray, n: int, width: int) -> None:
+        """In place, one layer at a time and only the first `width` time slots: the temporary is one layer's
+        moved rows, never a second cache, and no fresh pages are faulted in (a beam that continues its own row,
+        the common case, costs nothing). Keeps the first n rows as a view: each layer's rows stay contiguous,
+        which is all the step graph is given."""
         buffer = getattr(self, name)  # (L, B, H, T, Dh)
-        if targets.size:
+        if targets.size and width:
             for layer in buffer:  # (B, H, T, Dh)
-                layer[targets] = np.take(layer, parents, axis=0)  # (m, H, T, Dh) every parent read before writing
+                if width < layer.shape[2]:
+                    layer[targets, :, :width] = np.take(layer[:, :, :width], parents, axis=0)  # (m, H, width, Dh)
+                else:
+                    layer[targets] = np.take(layer, parents, axis=0)  # (m, H, T, Dh) parents read before writing
         if n < buffer.shape[1]:
             setattr(self, name, buffer[:, :n])  # (L, n, H, T, Dh)
 
@@ -90,10 +95,16 @@ class DecoderCache:
         """Write this step's keys/values (L, B, H, Dh) at each row's next slot, in place."""
         if self.rows and self.lengths.max() >= self.capacity:
             self._grow(max(2 * self.capacity, int(self.lengths.max()) + 1))
-        rows = np.arange(self.rows)
-        self.self_keys[:, rows, :, self.lengths, :] = step_keys.transpose(1, 0, 2, 3)  # (B, L, H, Dh)
-        self.self_values[:, rows, :, self.lengths, :] = step_values.transpose(1, 0, 2, 3)  # (B, L, H, Dh)
-        self.self_mask[rows, self.lengths] = True
+        if self.rows and (self.lengths == self.lengths[0]).all():  # rows in step (a static batch): one slot
+            t = int(self.lengths[0])
+            self.self_keys[:, :, :, t] = step_keys  # (L, B, H, Dh)
+            self.self_values[:, :, :, t] = step_values  # (L, B, H, Dh)
+            self.self_mask[:, t] = True
+        else:
+            rows = np.arange(self.rows)
+            self.self_keys[:, rows, :, self.lengths, :] = step_keys.transpose(1, 0, 2, 3)  # (B, L, H, Dh)
+            self.self_values[:, rows, :, self.lengths, :] = step_values.transpose(1, 0, 2, 3)  # (B, L, H, Dh)
+            self.self_mask[rows, self.lengths] = True
         self.lengths += 1
 
     def _grow(self, capacity: int) -> None:

@@ -37,7 +37,9 @@ def test_select_reorders_and_drops_and_capacity_grows() -> None:
     cache.self_keys[:, 2] = -1.0
     cache.select(np.array([2, 2, 0]))
     assert cache.rows == 3
-    assert (cache.self_keys[:, :2] == -1.0).all() and cache.self_keys[0, 2, 0, 3, 0] == 3.0
+    filled = MIN_CAPACITY + 1  # slots past what any row wrote are not copied: the mask hides them
+    assert (cache.self_keys[:, :2, :, :filled] == -1.0).all() and cache.self_keys[0, 2, 0, 3, 0] == 3.0
+    assert cache.self_mask[:, :filled].all() and not cache.self_mask[:, filled:].any()
     cache.select(np.array([2]))
     assert cache.rows == 1 and cache.self_mask.shape[0] == 1 and cache.cross_keys.shape[1] == 1
 

@@ -1,0 +1,464 @@
+"""Engine benchmark: our runtime (fp32, int8) against transformers' generate (PyTorch, fp32) and
+CTranslate2 (float32, int8) on exactly the same weights; greedy and beam 4, batch 1 and 32; every
+output forced to 32 tokens so that every engine does the same work. Each engine lives in its own worker
+process (so its peak RSS is its own, and loading is not timed); the runs alternate between engines.
+
+    python -m bench.engine paper     # paper-size Marian-shaped model, random weights (fixed seed)
+    python -m bench.engine default   # the shipped default model: the same workload, then real text
+    python -m bench.engine paper --device cuda   # every engine on the GPU (needs onnxruntime-gpu, CUDA torch)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "runs" / "bench"
+THREADS = 2
+FORCED = 32  # output tokens per sentence, every engine
+
+
+@dataclass(frozen=True)
+class Setting:
+    beam: int
+    batch: int
+    sentences: int
+
+
+@dataclass
+class Result:
+    engine: str
+    beam: int
+    batch: int
+    sentences: int
+    tokens: int
+    seconds: float
+    peak_rss_mb: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+def rss_mb(field: str = "VmHWM") -> float:
+    """This process's peak (VmHWM) or current (VmRSS) resident memory. Not getrusage's ru_maxrss: Linux
+    carries that across exec, so a worker would report its parent's peak."""
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith(f"{field}:")) / 1024
+
+
+# -- the engines, each in a worker process ------------------------------------------------------
+
+
+class Ours:
+    def __init__(self, folder: Path, variant: str, device: str = "cpu") -> None:
+        from service.engine import TokenRules
+        from service.model_folder import load_model_folder
+        from service.runtime import OnnxRuntime, SessionSettings
+
+        loaded = load_model_folder(folder, verify_checksums=False)
+        providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
+        self.runtime = OnnxRuntime(loaded, variant, SessionSettings(providers=providers, intra_op_threads=THREADS))
+        if self.runtime.providers[0] != providers[0]:
+            raise SystemExit(f"ONNX Runtime cannot run on {device} here (it offers {self.runtime.providers})")
+        ids = loaded.manifest.special_ids
+        self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+
+    def translate(self, sources: list[list[int]], beam: int, batch: int, forced: int | None) -> list[list[int]]:
+        from service.decoding import SearchOptions
+        from service.engine import decode_batch
+
+        options = SearchOptions(beam_size=beam, max_new_tokens=forced or 256, min_new_tokens=forced or 0)
+        out = []
+        for start in range(0, len(sources), batch):
+            chunk = sources[start : start + batch]
+            out += [list(h[0].tokens) for h in decode_batch(self.runtime, chunk, [options] * len(chunk), self.rules)]
+        return out
+
+
+class Transformers:
+    def __init__(self, hf_dir: Path, device: str = "cpu") -> None:
+        import torch
+        from transformers import MarianMTModel
+
+        torch.set_num_threads(THREADS)
+        self.torch = torch
+        self.model = MarianMTModel.from_pretrained(hf_dir).eval().to(device)
+        self.device = device
+        self.eos, self.pad = self.model.config.eos_token_id, self.model.config.pad_token_id
+
+    def translate(self, sources: list[list[int]], beam: int, batch: int, forced: int | None) -> list[list[int]]:
+        out = []
+        for start in range(0, len(sources), batch):
+            chunk = sources[start : start + batch]
+            width = max(map(len, chunk))
+            ids = self.torch.tensor([s + [self.pad] * (width - len(s)) for s in chunk], device=self.device)
+            mask = self.torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk], device=self.device)
+            extra = {"min_new_tokens": forced} if forced else {}
+            with self.torch.no_grad():
+                generated = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    num_beams=beam,
+                    max_new_tokens=forced or 256,
+                    do_sample=False,
+                    early_stopping=False,
+                    length_penalty=1.0,
+                    **extra,
+                )
+            for row in generated.tolist():
+                tokens = [t for t in row[1:] if t != self.pad]
+                out.append(tokens[: tokens.index(self.eos) + 1] if self.eos in tokens else tokens)
+        return out
+
+
+class CTranslate2:
+    def __init__(self, ct2_dir: Path, compute_type: str, pieces: list[str], device: str = "cpu") -> None:
+        import ctranslate2
+
+        self.translator = ctranslate2.Translator(
+            str(ct2_dir), device=device, compute_type=compute_type, inter_threads=1, intra_threads=THREADS
+        )
+        self.pieces, self.ids = pieces, {p: i for i, p in enumerate(pieces)}
+
+    def translate(self, sources: list[list[int]], beam: int, batch: int, forced: int | None) -> list[list[int]]:
+        tokens = [[self.pieces[i] for i in s] for s in sources]
+        extra = {"min_decoding_length": forced} if forced else {}
+        results = self.translator.translate_batch(
+            tokens,
+            max_batch_size=batch,
+            beam_size=beam,
+            max_decoding_length=forced or 256,
+            length_penalty=1.0,
+            **extra,
+        )
+        return [[self.ids[p] for p in r.hypotheses[0]] for r in results]
+
+
+def worker(kind: str, args: dict[str, Any], conn: Any) -> None:
+    """Loads one engine, then runs what the parent sends until it sends None."""
+    engine = {"ours": Ours, "transformers": Transformers, "ctranslate2": CTranslate2}[kind](**args)
+    conn.send(rss_mb("VmRSS"))  # resident once loaded (loading's own transient peak shows in the peaks)
+    while (job := conn.recv()) is not None:
+        sources, beam, batch, forced = job
+        engine.translate(sources[:batch], beam, batch, forced)  # warm-up at this shape
+        started = time.perf_counter()
+        outputs = engine.translate(sources, beam, batch, forced)
+        conn.send((time.perf_counter() - started, outputs, rss_mb()))
+
+
+class Engine:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, name: str, kind: str, **args: Any) -> None:
+        self.name = name
+        self.conn, child = mp.get_context("spawn").Pipe()
+        self.process = mp.get_context("spawn").Process(target=worker, args=(kind, args, child), daemon=True)
+        self.process.start()
+        self.loaded_rss_mb: float = self.conn.recv()
+
+    def run(self, sources: list[list[int]], setting: Setting, forced: int | None) -> tuple[Result, list[list[int]]]:
+        self.conn.send((sources[: setting.sentences], setting.beam, setting.batch, forced))
+        seconds, outputs, rss = self.conn.recv()
+        tokens = sum(len(o) for o in outputs)
+        return Result(self.name, setting.beam, setting.batch, setting.sentences, tokens, seconds, rss), outputs
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(timeout=30)
+
+
+# -- model preparation (cached under runs/bench/) ------------------------------------------------
+
+
+def run_command(*args: str) -> None:
+    print("$", " ".join(args), flush=True)
+    subprocess.run(args, check=True, cwd=ROOT)
+
+
+def marian_vocabulary(size: int, pad: int, eos: int, unk: int) -> dict[str, int]:
+    special = {eos: "</s>", unk: "<unk>", pad: "<pad>"}
+    return {special.get(i, f"▁w{i}"): i for i in range(size)}
+
+
+def make_random_marian(hf_dir: Path, seed: int) -> None:
+    """A paper-size Marian-shaped model (d_model 512, 6 + 6 layers, vocab 59,514) with random weights."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    from tests.factories import train_sentencepiece
+
+    vocab, pad, eos, unk = 59514, 59513, 0, 1
+    config = MarianConfig(
+        vocab_size=vocab,
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+        activation_function="swish",
+        scale_embedding=True,
+        max_position_embeddings=512,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        decoder_start_token_id=pad,
+        bad_words_ids=[[pad]],
+        share_encoder_decoder_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = MarianMTModel(config)
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(hf_dir)
+    spm_model = train_sentencepiece()
+    for name in ("source.spm", "target.spm"):
+        (hf_dir / name).write_bytes(spm_model)
+    (hf_dir / "vocab.json").write_text(json.dumps(marian_vocabulary(vocab, pad, eos, unk)), encoding="utf-8")
+    tokenizer_config = {
+        "source_lang": "en",
+        "target_lang": "fr",
+        "model_max_length": 512,
+        "tokenizer_class": "MarianTokenizer",
+        "pad_token": "<pad>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+    }
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config), encoding="utf-8")
+
+
+def convert_peers(base: Path) -> None:
+    """Our folder (+ int8) and CTranslate2 float32/int8 models from the Hugging Face Marian folder."""
+    hf, ours = base / "hf", base / "ours"
+    if not (ours / "manifest.json").exists():
+        run_command(
+            sys.executable,
+            "-m",
+            "model_export",
+            "convert-marian",
+            "--hf-dir",
+            str(hf),
+            "--out",
+            str(ours),
+            "--source-language",
+            "en",
+            "--target-languages",
+            "fr",
+        )
+        run_command(sys.executable, "-m", "model_export", "quantize", "--model-dir", str(ours))
+    converter = shutil.which("ct2-transformers-converter") or str(
+        Path(sys.executable).parent / "ct2-transformers-converter"
+    )
+    for quantization in ("float32", "int8"):
+        target = base / f"ct2-{quantization}"
+        if not (target / "model.bin").exists():
+            run_command(
+                converter, "--model", str(hf), "--output_dir", str(target), "--quantization", quantization, "--force"
+            )
+
+
+def prepare_paper(seed: int) -> Path:
+    base = WORK / "paper"
+    if not (base / "hf" / "config.json").exists():
+        make_random_marian(base / "hf", seed)
+    convert_peers(base)
+    return base
+
+
+def prepare_default(checkpoint: Path) -> Path:
+    """Our shipped model as it is; its checkpoint's weights in the Marian layout (transformers) and as
+    CTranslate2 models written through CTranslate2's spec API (its Marian converter cannot take ours)."""
+    base = WORK / "default"
+    if not checkpoint.is_file():
+        raise SystemExit(f"{checkpoint} not found: train the default model (README, 'The default model') first")
+    export = [sys.executable, "-m", "model_export"]
+    if not (base / "hf" / "config.json").exists():
+        run_command(*export, "to-marian", "--checkpoint", str(checkpoint), "--out", str(base / "hf"))
+    ours = base / "ours"
+    if not ours.exists():
+        ours.symlink_to(ROOT / "models" / "en-fr")
+    for quantization in ("float32", "int8"):
+        target = base / f"ct2-{quantization}"
+        if not (target / "model.bin").exists():
+            run_command(
+                *export,
+                "to-ctranslate2",
+                "--checkpoint",
+                str(checkpoint),
+                "--out",
+                str(target),
+                "--quantization",
+                quantization,
+            )
+    return base
+
+
+def vocabulary_pieces(hf_dir: Path) -> list[str]:
+    vocab = json.loads((hf_dir / "vocab.json").read_text(encoding="utf-8"))
+    pieces = [""] * (max(vocab.values()) + 1)
+    for piece, i in vocab.items():
+        pieces[i] = piece
+    return pieces
+
+
+def random_sources(hf_dir: Path, n: int, length: int, seed: int) -> list[list[int]]:
+    """n sources of `length` ids (the last is EOS), drawn from the ordinary vocabulary."""
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    special = {config["pad_token_id"], config["eos_token_id"], config.get("decoder_start_token_id")}
+    ordinary = np.array([i for i in range(config["vocab_size"]) if i not in special])
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.choice(ordinary, size=length - 1)] + [config["eos_token_id"]] for _ in range(n)]
+
+
+# -- the benchmark ------------------------------------------------------------------------------
+
+
+def start_engines(base: Path, which: list[str], device: str) -> list[Engine]:
+    pieces = vocabulary_pieces(base / "hf")
+    specs = {
+        "ours-int8": ("ours", {"folder": base / "ours", "variant": "int8"}),
+        "ours-fp32": ("ours", {"folder": base / "ours", "variant": "fp32"}),
+        "ct2-int8": ("ctranslate2", {"ct2_dir": base / "ct2-int8", "compute_type": "int8", "pieces": pieces}),
+        "ct2-float32": ("ctranslate2", {"ct2_dir": base / "ct2-float32", "compute_type": "float32", "pieces": pieces}),
+        "transformers-fp32": ("transformers", {"hf_dir": base / "hf"}),
+    }
+    engines = []
+    for name in which:
+        kind, args = specs[name]
+        engines.append(Engine(name, kind, device=device, **args))
+        print(f"loaded {name}: {engines[-1].loaded_rss_mb:.0f} MB", flush=True)
+    return engines
+
+
+def benchmark(engines: list[Engine], sources: list[list[int]], settings: list[Setting], rounds: int) -> list[Result]:
+    """Every setting, engines alternating (the order rotates each round); the best round per engine."""
+    best: dict[tuple[str, int, int], Result] = {}
+    for setting in settings:
+        for round_ in range(rounds):
+            order = engines[round_ % len(engines) :] + engines[: round_ % len(engines)]
+            for engine in order:
+                result, outputs = engine.run(sources, setting, FORCED)
+                if any(len(o) != FORCED for o in outputs):
+                    raise SystemExit(f"{engine.name} did not produce {FORCED} tokens per sentence")
+                key = (engine.name, setting.beam, setting.batch)
+                if key not in best or result.seconds < best[key].seconds:
+                    best[key] = result
+                print(
+                    f"  {engine.name:18} beam {setting.beam} batch {setting.batch:2}: "
+                    f"{result.tokens_per_second:8,.0f} tok/s",
+                    flush=True,
+                )
+    return list(best.values())
+
+
+def table(results: list[Result]) -> str:
+    by = {(r.engine, r.beam, r.batch): r for r in results}
+    lines = [
+        "| engine | search | batch | sentences/s | target tok/s | ours-int8 ÷ this |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for r in sorted(results, key=lambda r: (r.beam, r.batch, -r.tokens_per_second)):
+        ours = by.get(("ours-int8", r.beam, r.batch))
+        ratio = f"{ours.tokens_per_second / r.tokens_per_second:.2f}" if ours else "-"
+        search = "greedy" if r.beam == 1 else f"beam {r.beam}"
+        lines.append(
+            f"| {r.engine} | {search} | {r.batch} | {r.sentences / r.seconds:,.1f} | {r.tokens_per_second:,.0f} "
+            f"| {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def memory_table(results: list[Result], loaded: dict[str, float]) -> str:
+    """Each worker's resident memory after loading, and its peak over the whole workload (VmHWM)."""
+    peaks = {name: max([r.peak_rss_mb for r in results if r.engine == name] + [rss]) for name, rss in loaded.items()}
+    lines = ["| engine | RSS after load MB | peak RSS MB | peak ÷ ct2-int8's |", "|---|---:|---:|---:|"]
+    for name in sorted(peaks, key=peaks.get):
+        ratio = f"{peaks[name] / peaks['ct2-int8']:.2f}" if "ct2-int8" in peaks else "-"
+        lines.append(f"| {name} | {loaded[name]:,.0f} | {peaks[name]:,.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def real_text(engines: list[Engine], corpus: Path, rounds: int) -> str:
+    """The default model's test set, greedy, batch 32, each engine's own stopping: speed and BLEU/chrF."""
+    import sacrebleu
+
+    from service.model_folder import load_model_folder
+    from service.tokenizer import Tokenizer
+
+    folder = load_model_folder(ROOT / "models" / "en-fr", verify_checksums=False)
+    tokenizer, eos = Tokenizer.from_folder(folder), folder.manifest.special_ids.eos
+    sources = (corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    references = (corpus / "test.fr").read_text(encoding="utf-8").splitlines()
+    ids = [tokenizer.encode(s, "fr") for s in sources]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # length-sorted batches, as a server would
+    setting = Setting(beam=1, batch=32, sentences=len(ids))
+    lines = ["| engine | BLEU | chrF | target tok/s | ours-int8 ÷ this |", "|---|---:|---:|---:|---:|"]
+    rows = {}
+    for round_ in range(rounds):
+        for engine in engines[round_ % len(engines) :] + engines[: round_ % len(engines)]:
+            result, outputs = engine.run([ids[i] for i in order], setting, None)
+            tokens = sum(len([t for t in o if t != eos]) for o in outputs)
+            texts = [""] * len(ids)
+            for i, output in zip(order, outputs, strict=True):
+                texts[i] = tokenizer.decode(output)
+            speed = tokens / result.seconds
+            if engine.name not in rows or speed > rows[engine.name][2]:
+                bleu = sacrebleu.corpus_bleu(texts, [references]).score
+                rows[engine.name] = (bleu, sacrebleu.corpus_chrf(texts, [references]).score, speed)
+    for name, (bleu, chrf, speed) in sorted(rows.items(), key=lambda kv: -kv[1][2]):
+        ratio = rows["ours-int8"][2] / speed if "ours-int8" in rows else float("nan")
+        lines.append(f"| {name} | {bleu:.1f} | {chrf:.1f} | {speed:,.0f} | {ratio:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=["paper", "default"])
+    parser.add_argument("--engines", default="ours-int8,ours-fp32,ct2-int8,ct2-float32,transformers-fp32")
+    parser.add_argument("--sentences", type=int, default=256, help="sources at batch 32")
+    parser.add_argument("--sentences-batch-1", type=int, default=32, help="sources at batch 1 (slow engines)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "en-fr" / "final.pt")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="default: real-text run")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every engine on the GPU")
+    parser.add_argument("--skip-forced", action="store_true", help="default: only the real-text run")
+    args = parser.parse_args(argv)
+    base = prepare_paper(args.seed) if args.model == "paper" else prepare_default(args.checkpoint)
+    sources = random_sources(base / "hf", max(args.sentences, args.sentences_batch_1), 24, args.seed)
+    settings = [
+        Setting(beam, batch, args.sentences if batch > 1 else args.sentences_batch_1)
+        for beam in (1, 4)
+        for batch in (32, 1)
+    ]
+    engines = start_engines(base, args.engines.split(","), args.device)
+    try:
+        results = [] if args.skip_forced else benchmark(engines, sources, settings, args.rounds)
+        real = real_text(engines, args.corpus, args.rounds) if args.model == "default" else ""
+    finally:
+        for engine in engines:
+            engine.close()
+    loaded = {e.name: e.loaded_rss_mb for e in engines}
+    print(table(results))
+    print("\nMemory\n" + memory_table(results, loaded))
+    if real:
+        print("\nReal text: the default model's test set, greedy, batch 32\n" + real)
+    out = WORK / f"engine-{args.model}{'-cuda' if args.device == 'cuda' else ''}.json"
+    out.write_text(json.dumps({"results": [asdict(r) for r in results], "loaded_rss_mb": loaded}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
