@@ -36,15 +36,41 @@ def pad_batch(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.nda
     return src_ids, src_mask
 
 
-def advance_all(searches: list[Search], top_log_probs: np.ndarray, top_ids: np.ndarray) -> np.ndarray:
-    """Give each search its slice of rows' candidates; returns the cache rows to keep, in the new row order."""
-    keep, offset = [], 0
+def advance_all(searches: list[Search], top_log_probs: np.ndarray, top_ids: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """Give each search its slice of rows' candidates. Returns the order of the searches still running (indexes
+    into `searches`) and the cache rows to keep for them, in that order (see `place`)."""
+    keeps, offsets, offset = [], [], 0
     for search in searches:
         rows = search.rows
-        end = offset + rows
-        keep.append(search.advance(top_log_probs[offset:end], top_ids[offset:end]) + offset)
-        offset = end
-    return np.concatenate(keep) if keep else np.zeros(0, np.int64)
+        offsets.append(offset)
+        keeps.append(search.advance(top_log_probs[offset : offset + rows], top_ids[offset : offset + rows]) + offset)
+        offset += rows
+    return place(keeps, offsets + [offset])
+
+
+def place(keeps: list[np.ndarray], bounds: list[int]) -> tuple[list[int], np.ndarray]:
+    """Where each running search's rows go next step. keeps[i]: search i's rows to keep (this step's indexes,
+    empty once it finished); its rows this step were bounds[i] to bounds[i + 1]. A search whose block keeps
+    its size and lies below the new row count stays where it is; the others fill the gaps first-fit. So a
+    sentence that finishes costs the copy of the rows that fill its place, not of every row after it (the cache
+    moves rows in place). Falls back to the searches' own order when the gaps do not fit."""
+    live = [i for i, keep in enumerate(keeps) if keep.size]
+    total = sum(keeps[i].size for i in live)
+    stays = [i for i in live if keeps[i].size == bounds[i + 1] - bounds[i] and bounds[i + 1] <= total]
+    starts, gaps, cursor = {i: bounds[i] for i in stays}, [], 0
+    for i in stays + [None]:  # stays are in row order
+        begin = total if i is None else bounds[i]
+        if begin > cursor:
+            gaps.append([cursor, begin])
+        cursor = total if i is None else bounds[i + 1]
+    for i in (i for i in live if i not in starts):
+        gap = next((g for g in gaps if g[1] - g[0] >= keeps[i].size), None)
+        if gap is None:
+            starts = {i: n for n, i in enumerate(live)}  # the searches' own order
+            break
+        starts[i], gap[0] = gap[0], gap[0] + keeps[i].size
+    order = sorted(live, key=starts.__getitem__)
+    return order, np.concatenate([keeps[i] for i in order]) if order else np.zeros(0, np.int64)
 
 
 def decode_batch(
@@ -62,6 +88,7 @@ def decode_batch(
         input_ids = np.concatenate([s.last_tokens() for s in live])  # (B,)
         out = runtime.step(input_ids, cache)
         cache.append(out.step_keys, out.step_values)
-        cache.select(advance_all(live, out.top_log_probs, out.top_ids))
-        live = [s for s in live if not s.done]
+        order, rows = advance_all(live, out.top_log_probs, out.top_ids)
+        cache.select(rows)
+        live = [live[i] for i in order]
     return [s.results() for s in searches]

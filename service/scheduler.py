@@ -287,14 +287,12 @@ class Scheduler:
             self.cache = DecoderCache(self.runtime.n_layers, self.runtime.n_heads, self.runtime.head_dim)
             return
         self.cache.append(out.step_keys, out.step_values)
-        self.cache.select(advance_all(searches, out.top_log_probs, out.top_ids))
-        still = []
+        order, rows = advance_all(searches, out.top_log_probs, out.top_ids)
+        self.cache.select(rows)
         for running in self.active:
             if running.search.done:
                 self._deliver(running)
-            else:
-                still.append(running)
-        self.active = still
+        self.active = [self.active[i] for i in order]
         self.metrics.step_rows.labels(self.model).observe(len(input_ids))
         self.metrics.step_duration.labels(self.model).observe(time.perf_counter() - started)
 

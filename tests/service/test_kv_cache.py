@@ -48,10 +48,11 @@ def test_beams_reordered_within_a_sentence_keep_the_source_buffers() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(2, 3, 1.0))
     cache.select(np.array([0, 0, 0, 1, 1, 1]))  # two sentences, three beams each
-    cross = cache.cross_keys
+    cache.cross_keys[:, :, 0, 0, 0] = np.arange(6, dtype=np.float32)  # a probe per row, to see any copy
     cache.append(step(6, 1.0), step(6, 1.0))
     cache.select(np.array([2, 0, 0, 5, 3, 4]))  # parents within each sentence: no source copy
-    assert cache.cross_keys is cross and cache.sources.tolist() == [0, 0, 0, 1, 1, 1]
+    assert cache.cross_keys[0, :, 0, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert cache.sources.tolist() == [0, 0, 0, 1, 1, 1]
     cache.select(np.array([3, 4]))  # the first sentence left: the source buffers shrink
     assert cache.cross_keys.shape[1] == 2 and cache.sources.tolist() == [1, 1]
 
@@ -76,7 +77,7 @@ def test_in_place_reorder_reads_every_parent_before_writing() -> None:
     cache.self_keys[:, :, :, 0, 0] = np.arange(4, dtype=np.float32)[None, :, None]  # each row's mark
     buffer = cache.self_keys
     cache.select(np.array([1, 0, 2, 3]))  # a swap: two rows move
-    assert cache.self_keys is buffer and cache.self_keys[0, :, 0, 0, 0].tolist() == [1.0, 0.0, 2.0, 3.0]
+    assert np.shares_memory(cache.self_keys, buffer) and cache.self_keys[0, :, 0, 0, 0].tolist() == [1.0, 0.0, 2.0, 3.0]
     cache.select(np.array([2, 0, 0, 3]))  # a chain through a row that is itself overwritten
     assert cache.self_keys[0, :, 0, 0, 0].tolist() == [2.0, 1.0, 1.0, 3.0]
     cache.select(np.array([3, 2, 1, 0]))  # everything moves, still in place
@@ -95,3 +96,21 @@ def test_a_finished_sentence_hands_its_rows_to_another_sentence_with_its_source(
     cache.select(np.array([2, 3]))  # the first sentence finished: the second's beams move up, with their source
     assert cache.sources.tolist() == [1, 1]
     assert (cache.cross_keys == 2.0).all() and (cache.cross_values == 2.0).all()
+
+
+def test_rows_join_and_branch_in_place_while_there_is_room() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(4, 3, 1.0))
+    cache.append(step(4, 7.0), step(4, 7.0))
+    cache.select(np.array([0, 1]))  # two sentences finish: their rows become free room
+    buffer = cache.self_keys
+    cache.add(*memory(2, 2, 2.0))  # newcomers take the free rows: nothing live is copied
+    assert np.shares_memory(cache.self_keys, buffer) and cache.rows == 4
+    assert cache.self_keys[0, :2, 0, 0, 0].tolist() == [7.0, 7.0] and cache.lengths.tolist() == [1, 1, 0, 0]
+    assert not cache.self_mask[2:].any()  # the newcomers see none of the old rows' steps
+    assert cache.cross_keys[0, 2, 0, :, 0].tolist() == [2.0, 2.0, 0.0]  # their shorter source, padded
+    assert cache.src_mask[2].tolist() == [True, True, False]
+    cache.select(np.array([0, 0, 0, 1, 2, 3]))  # beams branch past the room: the buffers grow, contents kept
+    assert cache.rows == 6 and cache.self_keys[0, :4, 0, 0, 0].tolist() == [7.0, 7.0, 7.0, 7.0]
+    assert cache.cross_keys[0, :, 0, 0, 0].tolist() == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
+    assert cache.sources.tolist() == [0, 0, 0, 1, 4, 5]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from service.decoding import SearchOptions
-from service.engine import TokenRules, decode_batch
+from service.engine import TokenRules, decode_batch, place
 from service.errors import DeadlineExceeded, InferenceError, Overloaded
 from service.metrics import Metrics
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
@@ -164,3 +164,21 @@ def test_fits_rejects_sentences_that_can_never_run() -> None:
     assert scheduler.fits(SearchOptions(beam_size=4, max_new_tokens=10), 10)
     assert not scheduler.fits(SearchOptions(beam_size=5, max_new_tokens=10), 10)
     assert not scheduler.fits(SearchOptions(beam_size=2, max_new_tokens=50), 10)
+
+
+def rows(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def test_a_finished_sentence_is_replaced_by_the_last_one_not_by_shifting_all() -> None:
+    order, kept = place([rows(0), rows(), rows(2), rows(3), rows(4)], [0, 1, 2, 3, 4, 5])
+    assert order == [0, 4, 2, 3] and kept.tolist() == [0, 4, 2, 3]  # one row moves, into the hole
+    order, kept = place([rows(1, 0, 2, 3), rows(), rows(9, 8, 10, 11)], [0, 4, 8, 12])  # beams of 4
+    assert order == [0, 2] and kept.tolist() == [1, 0, 2, 3, 9, 8, 10, 11]
+
+
+def test_blocks_that_grow_or_do_not_fit_keep_the_searches_order() -> None:
+    order, kept = place([rows(0, 0, 0, 0), rows(1), rows(2, 2, 2, 2)], [0, 1, 2, 3])  # first beam steps
+    assert order == [0, 1, 2] and kept.tolist() == [0, 0, 0, 0, 1, 2, 2, 2, 2]
+    order, kept = place([rows(), rows(), rows()], [0, 1, 2, 3])
+    assert order == [] and kept.size == 0
