@@ -75,8 +75,16 @@ def training_section(checkpoint: Checkpoint) -> list[str]:
         _row("---:", "---:", "---:", "---:", "---:", "---:"),
     ]
     for h in progress.get("history", []):
-        lines.append(_row(h["step"], h["minutes"], f"{h['train_loss']:.2f}", f"{h['dev_loss']:.2f}",
-                          f"{h['dev_bleu']:.1f}", f"{h['dev_chrf']:.1f}"))
+        lines.append(
+            _row(
+                h["step"],
+                h["minutes"],
+                f"{h['train_loss']:.2f}",
+                f"{h['dev_loss']:.2f}",
+                f"{h['dev_bleu']:.1f}",
+                f"{h['dev_chrf']:.1f}",
+            )
+        )
     return lines + [""]
 
 
@@ -95,8 +103,16 @@ def evaluation_section(reports: list[dict], default_variant: str) -> list[str]:
     for r in reports:
         search = "greedy" if r["beam_size"] == 1 else f"beam {r['beam_size']}"
         ph = f"{r['placeholder_exact']}/{r['placeholder_sentences']} ({r['placeholder_accuracy']:.1f}%)"
-        lines.append(_row(r["variant"], search, f"{r['bleu']:.1f}", f"{r['chrf']:.1f}", ph,
-                          f"{r['target_tokens'] / r['seconds']:,.0f}"))
+        lines.append(
+            _row(
+                r["variant"],
+                search,
+                f"{r['bleu']:.1f}",
+                f"{r['chrf']:.1f}",
+                ph,
+                f"{r['target_tokens'] / r['seconds']:,.0f}",
+            )
+        )
     lines += ["", f"The server runs `{default_variant}` unless `MT_VARIANT` says otherwise.", ""]
     return lines
 
@@ -131,22 +147,27 @@ LIMITATIONS = [
 ]
 
 
+def variant_bytes(folder: Path, variant: dict) -> int:
+    files = [variant[g]["file"] for g in ("encoder", "decoder_step")] + [
+        i["file"] for i in variant.get("shared_initializers", [])
+    ]
+    return sum((folder / name).stat().st_size for name in files)
+
+
 def write_card(folder: Path, checkpoint: Checkpoint, corpus: Path, reports: list[dict], title: str) -> Path:
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     stats = json.loads((corpus / "stats.json").read_text(encoding="utf-8"))
     default = manifest["default_variant"]
-    sizes = ", ".join(
-        f"{name} {sum((folder / v[g]['file']).stat().st_size for g in ('encoder', 'decoder_step')) / 1e6:.1f} MB"
-        for name, v in manifest["variants"].items()
-    )
+    sizes = ", ".join(f"{name} {variant_bytes(folder, v) / 1e6:.1f} MB" for name, v in manifest["variants"].items())
     lines = [
         f"# {manifest['name']} {manifest['version']}: {title}",
         "",
-        f"{architecture(checkpoint)}. Graph variants: {sizes} (encoder + step decoder); default `{default}`.",
+        f"{architecture(checkpoint)}. Graph variants: {sizes} (encoder + step decoder + shared tables); "
+        f"default `{default}`.",
         "",
         "```sh",
         "curl -s localhost:8000/translate -H 'content-type: application/json' \\",
-        "  -d '{\"q\": \"Save the document as %s.\", \"source\": \"en\", \"target\": \"fr\"}'",
+        '  -d \'{"q": "Save the document as %s.", "source": "en", "target": "fr"}\'',
         "```",
         "",
     ]

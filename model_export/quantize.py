@@ -8,11 +8,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import onnx
+from onnx import numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from model_export.errors import ExportError
 from model_export.export import file_entries, write_manifest
 from service.model_folder import MANIFEST, load_model_folder
+
+# With shared embeddings both int8 graphs quantize the same table the same way: it is written once, as ONNX
+# external data of both, and the server keeps one copy in memory (service.runtime.shared_initializers).
+EMBEDDING_TABLES = {"encoder": "src_embed.lut_quantized", "decoder_step": "tgt_embed.lut_quantized"}
+SHARED_EMBEDDINGS_FILE = "embeddings.int8.bin"
 
 
 def int8_name(file_name: str) -> str:
@@ -43,10 +51,39 @@ def add_int8_variant(
         name = int8_name(variant[graph]["file"])
         quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings)
         variant[graph]["file"] = name
+    shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one
+    variant["shared_initializers"] = shared
     manifest["variants"]["int8"] = variant
-    manifest["files"].update(file_entries(folder_path, [variant["encoder"]["file"], variant["decoder_step"]["file"]]))
+    written = [variant["encoder"]["file"], variant["decoder_step"]["file"]] + [i["file"] for i in shared]
+    manifest["files"].update(file_entries(folder_path, written))
     if make_default:
         manifest["default_variant"] = "int8"
     write_manifest(folder_path, manifest)
     load_model_folder(folder_path)  # the folder must still load
     return manifest
+
+
+def share_embedding_table(folder: Path, variant: dict) -> list[dict]:
+    """Moves the int8 embedding table out of both graphs into one raw file that both reference as external data.
+    Returns the manifest's shared_initializers entry, or nothing when the two tables differ."""
+    models = {graph: onnx.load(folder / variant[graph]["file"]) for graph in EMBEDDING_TABLES}
+    tensors = {
+        graph: next((t for t in models[graph].graph.initializer if t.name == EMBEDDING_TABLES[graph]), None)
+        for graph in EMBEDDING_TABLES
+    }
+    if any(t is None for t in tensors.values()):
+        return []
+    tables = {graph: numpy_helper.to_array(t) for graph, t in tensors.items()}
+    table = tables["encoder"]
+    if not np.array_equal(table, tables["decoder_step"]) or table.dtype.name not in ("uint8", "int8"):
+        return []
+    (folder / SHARED_EMBEDDINGS_FILE).write_bytes(np.ascontiguousarray(table).tobytes())
+    for graph, tensor in tensors.items():
+        tensor.ClearField("raw_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        del tensor.external_data[:]
+        for key, value in (("location", SHARED_EMBEDDINGS_FILE), ("offset", "0"), ("length", str(table.nbytes))):
+            tensor.external_data.add(key=key, value=value)
+        onnx.save(models[graph], folder / variant[graph]["file"])
+    names = {graph: EMBEDDING_TABLES[graph] for graph in EMBEDDING_TABLES}
+    return [{"file": SHARED_EMBEDDINGS_FILE, "dtype": table.dtype.name, "shape": list(table.shape), "names": names}]

@@ -52,10 +52,21 @@ class GraphSpec(_Strict):
         return names[0]
 
 
+class SharedInitializer(_Strict):
+    """One constant that several graphs of a variant hold as ONNX external data in one raw file (little-endian,
+    C order), so that a runtime can keep one copy in memory for all of them: names[graph] is its name there."""
+
+    file: str
+    dtype: Literal["uint8", "int8", "float32"]
+    shape: list[int]
+    names: dict[Literal["encoder", "decoder_step"], str]
+
+
 class VariantSpec(_Strict):
     precision: str
     encoder: GraphSpec
     decoder_step: GraphSpec
+    shared_initializers: list[SharedInitializer] = []
 
 
 class TokenizerSpec(_Strict):
@@ -134,7 +145,7 @@ class Manifest(_Strict):
         tok = self.tokenizer
         names = [tok.source_model, tok.target_model] + ([tok.vocabulary] if tok.vocabulary else [])
         for variant in self.variants.values():
-            names += [variant.encoder.file, variant.decoder_step.file]
+            names += [variant.encoder.file, variant.decoder_step.file] + [i.file for i in variant.shared_initializers]
         return names
 
 

@@ -5,10 +5,15 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from model_export.evaluate import evaluate, same_placeholders
 from model_export.quantize import add_int8_variant
+from service.decoding import SearchOptions
+from service.engine import TokenRules, decode_batch
+from service.errors import ModelFolderError
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime
 from tests.factories import SENTENCES
@@ -31,6 +36,37 @@ def test_int8_variant_is_listed_checksummed_and_runs_close_to_fp32(quantized: Pa
     fp32, int8 = OnnxRuntime(folder, "fp32").encode(src_ids, mask), OnnxRuntime(folder, "int8").encode(src_ids, mask)
     assert np.abs(fp32.keys - int8.keys).max() < 0.25 * np.abs(fp32.keys).max()
     assert not np.array_equal(fp32.keys, int8.keys)  # really quantized
+
+
+def test_the_shared_embedding_table_is_stored_once_and_held_once(quantized: Path) -> None:
+    folder = load_model_folder(quantized)
+    variant = folder.variant("int8")
+    [shared] = variant.shared_initializers
+    assert shared.file in folder.manifest.files and (quantized / shared.file).stat().st_size == np.prod(shared.shape)
+    for graph in ("encoder", "decoder_step"):  # the graphs reference the file, they hold no copy
+        model = onnx.load(quantized / getattr(variant, graph).file, load_external_data=False)
+        tensor = next(t for t in model.graph.initializer if t.name == shared.names[graph])
+        assert tensor.data_location == onnx.TensorProto.EXTERNAL and not tensor.raw_data
+    runtime = OnnxRuntime(folder, "int8")
+    encoder_table = runtime.shared["encoder"][shared.names["encoder"]]
+    assert encoder_table is runtime.shared["decoder_step"][shared.names["decoder_step"]]  # one buffer for both
+    ids = folder.manifest.special_ids
+    rules, options = TokenRules(ids.decoder_start, ids.eos, ids.pad), [SearchOptions(beam_size=2)] * 2
+    sources = [[5, 9, 14, 3], [7, 3]]
+    with_shared = decode_batch(runtime, sources, options, rules)
+    # plain sessions, which read the external data themselves, give the same output
+    runtime.encoder = ort.InferenceSession(str(quantized / variant.encoder.file))
+    runtime.decoder = ort.InferenceSession(str(quantized / variant.decoder_step.file))
+    assert decode_batch(runtime, sources, options, rules) == with_shared
+
+
+def test_a_shared_table_that_does_not_match_its_manifest_entry_stops_the_load(quantized: Path, tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(quantized, tmp_path / "s"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["variants"]["int8"]["shared_initializers"][0]["shape"][0] += 1
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelFolderError, match="embeddings.int8.bin: does not hold a uint8 tensor of shape"):
+        OnnxRuntime(load_model_folder(folder), "int8")
 
 
 def test_make_default(quantized: Path, tmp_path: Path) -> None:
