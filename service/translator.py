@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from service import text
 from service.decoding import Hypothesis, SearchOptions
@@ -23,6 +25,16 @@ from service.settings import Settings
 from service.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Text this short is split, tokenised and detokenised on the event loop: a hop to a worker thread costs more
+# than the work (default model, 32 clients: 3,338 vs 3,206 target tok/s, p99 356 vs 383 ms, 2 runs each). Longer
+# text goes to a worker thread so that it cannot stall the other requests.
+INLINE_CHARS = 2000
+
+
+async def off_loop(inline: bool, function: Callable[..., T], *args: Any) -> T:
+    return function(*args) if inline else await asyncio.to_thread(function, *args)
 
 
 @dataclass(frozen=True)
@@ -114,10 +126,11 @@ class Translator:
 
     async def translate(self, texts: list[str], target: str, options: TranslateOptions) -> Translation:
         started = time.monotonic()
-        prepared = await asyncio.to_thread(self.prepare, texts, target, options)
+        inline = sum(len(t) for t in texts) <= INLINE_CHARS
+        prepared = await off_loop(inline, self.prepare, texts, target, options)
         ticket = await self._run(prepared, options, started)
         hypotheses: list[list[Hypothesis]] = [r for r in ticket.results if r is not None]
-        texts, alternatives, scores = await asyncio.to_thread(self._assemble, prepared, hypotheses, options)
+        texts, alternatives, scores = await off_loop(inline, self._assemble, prepared, hypotheses, options)
         return Translation(
             texts,
             alternatives,

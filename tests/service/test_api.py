@@ -211,3 +211,16 @@ def test_openapi_documents_the_translate_body(client: TestClient) -> None:
     body = spec["paths"]["/translate"]["post"]["requestBody"]["content"]
     assert {"application/json", "application/x-www-form-urlencoded"} <= set(body)
     assert "q" in body["application/json"]["schema"]["properties"]
+
+
+def test_short_text_is_prepared_on_the_event_loop_and_long_text_in_a_thread() -> None:
+    import asyncio
+    import threading
+
+    from service.translator import off_loop
+
+    async def where(inline: bool) -> int:
+        return await off_loop(inline, threading.get_ident)
+
+    assert asyncio.run(where(True)) == threading.get_ident()
+    assert asyncio.run(where(False)) != threading.get_ident()
