@@ -19,6 +19,11 @@ TIME_AXIS = 3  # of the (L, B, H, T, Dh) buffers
 BUFFERS = ("self_keys", "self_values", "cross_keys", "cross_values")
 
 
+def _live(name: str) -> property:
+    """The first B (live) rows of one of the four buffers: each layer's rows are a contiguous view."""
+    return property(lambda cache: cache._store[name][:, : cache.rows])
+
+
 class DecoderCache:
     def __init__(self, n_layers: int, n_heads: int, head_dim: int) -> None:
         self.n_layers, self.n_heads, self.head_dim = n_layers, n_heads, head_dim
@@ -40,21 +45,10 @@ class DecoderCache:
     def capacity(self) -> int:
         return self.self_mask.shape[1]
 
-    @property
-    def self_keys(self) -> np.ndarray:
-        return self._store["self_keys"][:, : self.rows]  # (L, B, H, T, Dh)
-
-    @property
-    def self_values(self) -> np.ndarray:
-        return self._store["self_values"][:, : self.rows]  # (L, B, H, T, Dh)
-
-    @property
-    def cross_keys(self) -> np.ndarray:
-        return self._store["cross_keys"][:, : self.rows]  # (L, B, H, S, Dh)
-
-    @property
-    def cross_values(self) -> np.ndarray:
-        return self._store["cross_values"][:, : self.rows]  # (L, B, H, S, Dh)
+    self_keys = _live("self_keys")  # (L, B, H, T, Dh)
+    self_values = _live("self_values")  # (L, B, H, T, Dh)
+    cross_keys = _live("cross_keys")  # (L, B, H, S, Dh)
+    cross_values = _live("cross_values")  # (L, B, H, S, Dh)
 
     def add(self, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray) -> None:
         """New rows with no steps yet: cross_keys and cross_values (L, b, H, S', Dh), src_mask (b, S')."""

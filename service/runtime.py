@@ -84,6 +84,15 @@ def shared_initializers(folder: ModelFolder, variant: VariantSpec) -> dict[str, 
     return shared
 
 
+def step_candidates(folder: ModelFolder, variant: VariantSpec) -> tuple[np.ndarray, int]:
+    """The ids the step graph's top-K may hold but no search may take (pad and the decoder start), and how
+    many candidates per row are left once the runtime drops them."""
+    ids = folder.manifest.special_ids
+    banned = np.array(sorted({ids.pad, ids.decoder_start}), np.int64)
+    width = next(s for s in variant.decoder_step.outputs if s.role == "top_ids").shape[1]
+    return banned, int(width) - len(banned)
+
+
 def open_session(
     folder: ModelFolder,
     graph: GraphSpec,
@@ -140,10 +149,7 @@ class OnnxRuntime:
         self._dec_one = {role: dec.one(role) for role in ("input_ids", "positions", "self_mask", "src_mask")}
         self._dec_out = [dec.one(role) for role in ("top_log_probs", "top_ids", "step_keys", "step_values")]
         self._dec_log_probs = dec.one("log_probs")
-        ids = folder.manifest.special_ids
-        self.banned = np.array(sorted({ids.pad, ids.decoder_start}), np.int64)  # never generated
-        width = next(s for s in dec.outputs if s.role == "top_ids").shape[1]
-        self.top_k = int(width) - len(self.banned)  # clean candidates per row, after dropping the banned
+        self.banned, self.top_k = step_candidates(folder, spec)  # never generated; clean candidates per row
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
         outputs = self.encoder.run(self._enc_out, dict(zip(self._enc_in, (src_ids, src_mask), strict=True)))

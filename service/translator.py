@@ -19,7 +19,7 @@ from service.engine import TokenRules, decode_batch
 from service.errors import InvalidRequest, ModelFolderError, NotFound, TooLarge
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, ModelFolder, load_model_folder
-from service.runtime import OnnxRuntime, Runtime, SessionSettings
+from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
 from service.settings import Settings
 from service.tokenizer import Tokenizer
@@ -75,9 +75,7 @@ class Translator:
         ids = manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
-        step_graph = folder.variant(settings.variant).decoder_step
-        width = next(s for s in step_graph.outputs if s.role == "top_ids").shape[1]
-        candidates = int(width) - len({ids.pad, ids.decoder_start})  # per row, once pad and start are dropped
+        _, candidates = step_candidates(folder, folder.variant(settings.variant))  # per row
         self.max_beam = (candidates - 1) // 2  # beam k takes 2k candidates, + 1 for an EOS not allowed yet
         limits = BatchLimits(
             static=settings.batching == "static",
@@ -92,7 +90,7 @@ class Translator:
         ids = self.tokenizer.encode("Hello world.", self.target_languages[0])
         decode_batch(self.runtime, [ids], [SearchOptions(beam_size=2, max_new_tokens=8)], self.rules)
 
-    # -- preparing a request (runs in a thread: tokenizing a large request takes a while) --------
+    # -- preparing a request (in a worker thread when it is long: see INLINE_CHARS) ---------------
 
     def prepare(self, texts: list[str], target: str, options: TranslateOptions) -> Prepared:
         split = text.split_html if options.html else text.split_text
