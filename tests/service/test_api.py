@@ -3,7 +3,7 @@ compatibility, our extras, and every error path with its status and message."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -184,18 +184,23 @@ def test_deadline_is_504_and_the_server_goes_on(client: TestClient) -> None:
     assert client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
 
 
-def test_inference_failure_is_500_for_that_batch_only(client: TestClient) -> None:
-    translator = client.app.state.service.registry.translators["tiny-en-fr"]
-    real_step = translator.runtime.step
-    calls = []
+def fail_first_call(function: Callable[..., object]) -> Callable[..., object]:
+    """`function`, except that its first call raises as a failing ONNX Runtime run would."""
+    calls: list[int] = []
 
-    def failing_step(*args: object) -> object:
+    def failing(*args: object) -> object:
         if not calls:
             calls.append(1)
             raise RuntimeError("simulated ONNX Runtime failure")
-        return real_step(*args)
+        return function(*args)
 
-    translator.runtime.step = failing_step
+    return failing
+
+
+def test_inference_failure_is_500_for_that_batch_only(client: TestClient) -> None:
+    translator = client.app.state.service.registry.translators["tiny-en-fr"]
+    real_step = translator.runtime.step
+    translator.runtime.step = fail_first_call(real_step)
     try:
         response = client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"})
         assert response.status_code == 500 and response.json() == {"error": "inference failed: RuntimeError"}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -72,11 +73,11 @@ def wait_ready(url: str, process: subprocess.Popen[str], seconds: float = 120) -
     raise AssertionError("server not ready in time")
 
 
-@pytest.fixture(scope="module")
-def server(model_dir: Path) -> Iterator[str]:
+@contextmanager
+def running_server(model_dir: Path, **env: str) -> Iterator[str]:
+    """The real server on a free loopback port, ready; stopped with SIGTERM afterwards, which must exit 0."""
     port = free_port()
-    # admission by expected queue wait is tested elsewhere; here all 64 requests must be admitted
-    process = start_server(model_dir, port, MT_MAX_BATCH_ROWS="48", MT_MAX_QUEUE_WAIT_SECONDS="0")
+    process = start_server(model_dir, port, **env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process)
@@ -84,6 +85,13 @@ def server(model_dir: Path) -> Iterator[str]:
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path) -> Iterator[str]:
+    # admission by expected queue wait is tested elsewhere; here all 64 requests must be admitted
+    with running_server(model_dir, MT_MAX_BATCH_ROWS="48", MT_MAX_QUEUE_WAIT_SECONDS="0") as url:
+        yield url
 
 
 def metric(text: str, name: str, labels: str = "") -> float:

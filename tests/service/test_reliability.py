@@ -24,8 +24,8 @@ from fastapi.testclient import TestClient
 
 from service.admission import Throughput
 from service.api import State, create_app
-from tests.service.test_api import settings_for
-from tests.service.test_e2e import free_port, metric, start_server, wait_ready
+from tests.service.test_api import fail_first_call, settings_for
+from tests.service.test_e2e import free_port, metric, running_server, start_server, wait_ready
 
 NORMAL = {"q": "Open the file.", "source": "en", "target": "fr"}
 MODEL = "tiny-en-fr"
@@ -53,15 +53,8 @@ def client(model_dir: Path) -> Iterator[TestClient]:
 
 def test_an_encoder_failure_is_500_for_its_request_only(client: TestClient) -> None:
     translator = service_state(client).registry.translators[MODEL]
-    real_encode, calls = translator.runtime.encode, []
-
-    def failing_encode(*args: object) -> object:
-        if not calls:
-            calls.append(1)
-            raise RuntimeError("simulated ONNX Runtime failure")
-        return real_encode(*args)
-
-    translator.runtime.encode = failing_encode
+    real_encode = translator.runtime.encode
+    translator.runtime.encode = fail_first_call(real_encode)
     try:
         response = client.post("/translate", json=NORMAL)
         assert response.status_code == 500 and response.json() == {"error": "inference failed: RuntimeError"}
@@ -111,15 +104,8 @@ def test_a_missing_or_truncated_graph_stops_the_start(model_dir: Path, tmp_path:
 @pytest.fixture(scope="module")
 def live(model_dir: Path) -> Iterator[str]:
     """The real server with a 1 s body timeout (slow-client tests)."""
-    port = free_port()
-    process = start_server(model_dir, port, MT_BODY_TIMEOUT_SECONDS="1", MT_LOG_LEVEL="WARNING")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, process)
+    with running_server(model_dir, MT_BODY_TIMEOUT_SECONDS="1", MT_LOG_LEVEL="WARNING") as url:
         yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
 
 
 def wait_for(condition: object, seconds: float, what: str) -> None:
