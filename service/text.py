@@ -6,6 +6,7 @@ callback, nothing of models or requests.
 from __future__ import annotations
 
 import html
+import html.entities
 import logging
 import re
 import unicodedata
@@ -221,11 +222,14 @@ class _Source:
         references: list[_Reference] = []
         length = done = 0
         for ref in _REFERENCE.finditer(raw):
-            expansion = html.unescape(ref.group())
+            end = ref.start() + _replaced_length(ref.group())
+            if end == ref.start():
+                continue  # "&" and what follows are plain text
+            expansion = html.unescape(raw[ref.start() : end])
             length += ref.start() - done
-            references.append(_Reference(length, length + len(expansion), ref.start(), ref.end()))
+            references.append(_Reference(length, length + len(expansion), ref.start(), end))
             parts += [raw[done : ref.start()], expansion]
-            length, done = length + len(expansion), ref.end()
+            length, done = length + len(expansion), end
         parts.append(raw[done:])
         return cls(raw, "".join(parts), references)
 
@@ -242,6 +246,16 @@ class _Source:
         k = bisect_right(self.references, offset, key=lambda r: r.text_start) - 1
         inside = k >= 0 and self.references[k].text_start < offset < self.references[k].text_end
         return not inside and _between_characters(self.text, offset)
+
+
+def _replaced_length(match: str) -> int:
+    """How much of a _REFERENCE match html.unescape replaces, as it decides: all of a numeric or a known named
+    reference; of an unknown name without ";", its longest prefix that is a known name, the rest staying as
+    text; nothing otherwise. (Taking the whole match let a sentence end inside such plain text.)"""
+    name = match[1:]
+    if name.startswith("#") or name in html.entities.html5:
+        return len(match)
+    return next((1 + x for x in range(len(name) - 1, 1, -1) if name[:x] in html.entities.html5), 0)
 
 
 def _between_characters(text: str, offset: int) -> bool:
