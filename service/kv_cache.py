@@ -8,6 +8,10 @@ Keys and values share one layout, (L, B, H, time, Dh): an append writes contiguo
 The four big buffers have room for more rows than are live (like a growing list), so that rows join, leave
 and follow their parents in place: a continuous batch that a sentence joins at every step never copies the
 whole cache. The step graph gets each layer's first B rows, a contiguous view.
+
+Attention reads every slot of its buffers at every step, so the time and source axes also give back room
+when the rows that needed it leave: a server whose one long sentence has finished must not attend over that
+sentence's 128 slots and 80 source positions for every short sentence after it.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class DecoderCache:
         self.lengths = self.lengths[rows]  # (B',)
         self.src_mask = self.src_mask[rows]  # (B', S)
         self.sources = self.sources[rows]  # (B',)
+        self._shrink()
 
     def _copy_rows(self, name: str, targets: np.ndarray, parents: np.ndarray, width: int) -> None:
         """Rows `targets` take rows `parents`' first `width` time slots, one layer at a time: the temporary is
@@ -114,22 +119,47 @@ class DecoderCache:
             reserved, time = store.shape[1], store.shape[TIME_AXIS]
             time = time if name.startswith("self") else max(time, width)
             if rows > reserved or time > store.shape[TIME_AXIS]:
-                self._store[name] = resized(store, max(rows, 2 * reserved) if rows > reserved else reserved, time)
+                rows_after = max(rows, 2 * reserved) if rows > reserved else reserved
+                self._store[name] = resized(store, rows_after, time, self.rows)
 
     def _grow(self, capacity: int) -> None:
-        for name in ("self_keys", "self_values"):
-            store = self._store[name]
-            self._store[name] = resized(store, store.shape[1], capacity)  # (L, R, H, T', Dh)
+        self._resize_time(("self_keys", "self_values"), capacity)
         self.self_mask = widen_mask(self.self_mask, capacity)  # (B, T')
 
+    def _shrink(self) -> None:
+        """After rows left: the time axis (a power of two) and the source axis (exact) shrink to what the live
+        rows use, with room to grow, whenever that saves at least a third. A shrink copies the live rows once;
+        every step after it reads that much less."""
+        capacity = fitted_capacity(int(self.lengths.max(initial=0)) + 1)
+        if 3 * capacity <= 2 * self.capacity:
+            self._resize_time(("self_keys", "self_values"), capacity)
+            self.self_mask = np.ascontiguousarray(self.self_mask[:, :capacity])  # (B, T')
+        used = np.flatnonzero(self.src_mask.any(axis=0))  # (S',) source positions some live row has
+        width = int(used[-1]) + 1 if used.size else 1
+        if 3 * width <= 2 * self.src_mask.shape[1]:
+            self._resize_time(("cross_keys", "cross_values"), width)
+            self.src_mask = np.ascontiguousarray(self.src_mask[:, :width])  # (B, S')
 
-def resized(store: np.ndarray, rows: int, time: int) -> np.ndarray:
-    """(L, R, H, T, Dh) -> (L, rows, H, time, Dh), the old contents in the corner, zeros elsewhere."""
+    def _resize_time(self, names: tuple[str, ...], time: int) -> None:
+        for name in names:
+            store = self._store[name]
+            self._store[name] = resized(store, store.shape[1], time, self.rows)  # (L, R, H, time, Dh)
+
+
+def resized(store: np.ndarray, rows: int, time: int, live: int) -> np.ndarray:
+    """(L, R, H, T, Dh) -> (L, rows, H, time, Dh): the first `live` rows' first min(T, time) slots kept, zeros
+    elsewhere (the rows past the live ones hold nothing anyone reads)."""
     shape = list(store.shape)
     shape[1], shape[TIME_AXIS] = rows, time
-    bigger = np.zeros(shape, store.dtype)
-    bigger[:, : store.shape[1], :, : store.shape[TIME_AXIS]] = store
-    return bigger
+    out = np.zeros(shape, store.dtype)
+    kept = min(time, store.shape[TIME_AXIS])
+    out[:, :live, :, :kept] = store[:, :live, :, :kept]  # (L, live, H, kept, Dh)
+    return out
+
+
+def fitted_capacity(slots: int) -> int:
+    """The smallest power of two, at least MIN_CAPACITY, with room for `slots` time slots and half as many again."""
+    return max(MIN_CAPACITY, 1 << (slots + slots // 2 - 1).bit_length())
 
 
 def widen_mask(mask: np.ndarray, width: int) -> np.ndarray:

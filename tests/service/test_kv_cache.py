@@ -114,3 +114,35 @@ def test_rows_join_and_branch_in_place_while_there_is_room() -> None:
     assert cache.rows == 6 and cache.self_keys[0, :4, 0, 0, 0].tolist() == [7.0, 7.0, 7.0, 7.0]
     assert cache.cross_keys[0, :, 0, 0, 0].tolist() == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
     assert cache.sources.tolist() == [0, 0, 0, 1, 4, 5]
+
+
+def test_time_and_source_axes_shrink_once_the_rows_that_needed_them_leave() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(1, 20, 1.0))  # a long sentence
+    for t in range(40):
+        cache.append(step(1, float(t)), step(1, float(t)))
+    cache.add(*memory(2, 3, 2.0))  # two short ones join it
+    for t in range(2):
+        cache.append(step(3, 100.0 + t), step(3, 100.0 + t))
+    assert cache.capacity == 64 and cache.src_mask.shape[1] == 20
+    cache.select(np.array([1, 2]))  # the long one finished
+    assert cache.capacity == MIN_CAPACITY and cache.self_mask.shape == (2, MIN_CAPACITY)
+    assert cache.src_mask.shape == (2, 3) and cache.cross_keys.shape == (2, 2, 3, 3, 4)
+    assert cache.self_keys[1, :, 2, :2, 0].tolist() == [[100.0, 101.0]] * 2  # what the live rows wrote, kept
+    assert cache.self_mask[:, :3].tolist() == [[True, True, False]] * 2 and (cache.cross_keys == 2.0).all()
+    for layer in (*cache.self_keys, *cache.cross_values):
+        assert layer.flags["C_CONTIGUOUS"]
+    cache.append(step(2, 7.0), step(2, 7.0))
+    assert cache.self_values[0, 1, 0, :3, 0].tolist() == [100.0, 101.0, 7.0] and cache.lengths.tolist() == [3, 3]
+
+
+def test_axes_keep_their_size_when_shrinking_would_save_less_than_a_third() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(1, 9, 1.0))
+    cache.add(*memory(1, 7, 1.0))
+    for _ in range(MIN_CAPACITY + 1):  # capacity 32: 17 + 8 slots fit in no less
+        cache.append(step(2, 1.0), step(2, 1.0))
+    buffer = cache.self_keys
+    cache.select(np.array([1]))  # the 9-token source left, the 7-token one stays: 7 of 9 is more than 2/3
+    assert cache.capacity == 2 * MIN_CAPACITY and np.shares_memory(cache.self_keys, buffer)
+    assert cache.src_mask.shape == (1, 9)
