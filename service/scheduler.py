@@ -2,6 +2,10 @@
 decoder batch; newcomers join between steps (their encoder pass runs then), finished sentences leave
 at once, expired or abandoned ones are dropped. A static mode runs each batch to completion instead.
 
+With `overlap_encoder`, newcomers' encoder passes run on a thread of their own while the decoder keeps
+stepping, and the sentences join the batch at the first step after their pass: on a small model at 32
+clients the passes took a third of the worker's time when they ran between steps.
+
 Sees token ids and search options only: text lives in the tokenizer and the HTTP layer. It decides
 which rows run each step; the Runtime runs the graphs.
 """
@@ -13,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +27,7 @@ from service.engine import TokenRules, advance_all, pad_batch
 from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
 from service.kv_cache import DecoderCache
 from service.metrics import Metrics
-from service.runtime import Runtime
+from service.runtime import Memory, Runtime
 
 log = logging.getLogger(__name__)
 WAITING_SCAN_SECONDS = 0.05  # how often queued sentences are checked for deadlines and cancellation
@@ -35,6 +40,7 @@ class BatchLimits:
     max_tokens: int = 16384  # sum over running sentences of beams x (source length + max output length)
     max_queue: int = 2048  # sentences waiting
     encoder_bucket_ratio: float = 1.5  # newcomers encoded together when their lengths are within this ratio
+    overlap_encoder: bool = False  # True: encoder passes run beside the decoder steps (continuous mode only)
 
 
 @dataclass
@@ -86,6 +92,15 @@ class SentenceJob:
 
 
 @dataclass
+class Encoding:
+    """One encoder pass of newcomers of similar length, finished or in flight."""
+
+    jobs: list[SentenceJob]
+    src_mask: np.ndarray  # (b, S)
+    memory: Future[Memory]
+
+
+@dataclass
 class Running:
     """A sentence in the decoder batch; its rows are contiguous in the cache, in `active` order."""
 
@@ -106,7 +121,10 @@ class Scheduler:
         self.runtime, self.rules, self.limits, self.metrics, self.model = runtime, rules, limits, metrics, model
         self.clock = clock
         self.waiting: deque[SentenceJob] = deque()
+        self.encoding: list[Encoding] = []  # admitted: their encoder passes, in flight or done
         self.active: list[Running] = []
+        overlap = limits.overlap_encoder and not limits.static
+        self._encoder = ThreadPoolExecutor(1, thread_name_prefix=f"encoder-{model}") if overlap else None
         self.cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -138,7 +156,7 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         with self._lock:
-            return not self.waiting and not self.active
+            return not self.waiting and not self.encoding and not self.active
 
     # -- the worker thread -----------------------------------------------------------------------
 
@@ -162,7 +180,10 @@ class Scheduler:
             self._lock.notify()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
-        for job in list(self.waiting) + [r.job for r in self.active]:
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=True, cancel_futures=True)
+        admitted = [job for encoding in self.encoding for job in encoding.jobs]
+        for job in list(self.waiting) + admitted + [r.job for r in self.active]:
             job.ticket.fail(Overloaded("the server stopped before this request finished", "shutting_down"))
 
     def _loop(self) -> None:
@@ -170,7 +191,7 @@ class Scheduler:
             with self._lock:
                 if self._stopped:
                     return
-                if not self.waiting and not self.active:
+                if not self.waiting and not self.encoding and not self.active:
                     self._lock.wait(timeout=0.5)
                     continue
             try:
@@ -179,9 +200,11 @@ class Scheduler:
                 log.exception("scheduler iteration failed")
 
     def run_once(self) -> None:
-        """One iteration: drop what expired or was abandoned, admit and encode newcomers, run one step."""
+        """One iteration: drop what expired or was abandoned, admit and encode newcomers, let those whose
+        encoder pass is done join (waiting for the passes when nothing else could run), run one step."""
         self._drop_expired()
         self._encode(self._admit())
+        self._join(wait=not self.active)
         if self.active:
             self._step()
 
@@ -224,8 +247,9 @@ class Scheduler:
         """Newcomers in arrival order while the batch has room; static mode waits for an empty batch."""
         if self.limits.static and self.active:
             return []
-        rows = sum(r.job.options.beam_size for r in self.active)  # what the running sentences may grow to
-        tokens = sum(r.job.reserved_tokens for r in self.active)
+        admitted = [r.job for r in self.active] + [job for encoding in self.encoding for job in encoding.jobs]
+        rows = sum(job.options.beam_size for job in admitted)  # what the admitted sentences may grow to
+        tokens = sum(job.reserved_tokens for job in admitted)
         admitted: list[SentenceJob] = []
         now = self.clock()
         with self._lock:
@@ -245,23 +269,46 @@ class Scheduler:
     # -- 3. encoder passes ---------------------------------------------------------------------
 
     def _encode(self, jobs: list[SentenceJob]) -> None:
+        """Start one encoder pass per length bucket: on the encoder thread, or here and now."""
         now = self.clock()
         for bucket in self._buckets(jobs):
             for job in bucket:
                 self.metrics.queue_wait.labels(self.model).observe(now - job.enqueued_at)
                 job.ticket.queue_seconds = max(job.ticket.queue_seconds, now - job.enqueued_at)
             src_ids, src_mask = pad_batch([j.src_ids for j in bucket], self.rules.pad_id)  # (b, S) each
-            started = time.perf_counter()
-            try:
-                memory = self.runtime.encode(src_ids, src_mask)
-            except Exception as error:  # noqa: BLE001 - any graph failure fails only this bucket
-                self._fail(bucket, error)
+            if self._encoder is not None:
+                memory = self._encoder.submit(self._encoder_pass, src_ids, src_mask)
+            else:
+                memory = Future()
+                try:
+                    memory.set_result(self._encoder_pass(src_ids, src_mask))
+                except Exception as error:  # noqa: BLE001 - handed to _join, which fails only this bucket
+                    memory.set_exception(error)
+            self.encoding.append(Encoding(bucket, src_mask, memory))
+
+    def _encoder_pass(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
+        started = time.perf_counter()
+        memory = self.runtime.encode(src_ids, src_mask)
+        self.metrics.encoder_duration.labels(self.model).observe(time.perf_counter() - started)
+        self.metrics.input_tokens.labels(self.model).inc(int(src_mask.sum()))
+        return memory
+
+    def _join(self, wait: bool) -> None:
+        """Sentences whose encoder pass is done join the batch (with `wait`, every pass in flight first ends)."""
+        pending = []
+        for encoding in self.encoding:
+            if not (wait or encoding.memory.done()):
+                pending.append(encoding)
                 continue
-            self.metrics.encoder_duration.labels(self.model).observe(time.perf_counter() - started)
-            self.metrics.input_tokens.labels(self.model).inc(int(src_mask.sum()))
-            self.cache.add(memory.keys, memory.values, src_mask)
+            try:
+                memory = encoding.memory.result()
+            except Exception as error:  # noqa: BLE001 - any graph failure fails only this bucket
+                self._fail(encoding.jobs, error)
+                continue
+            self.cache.add(memory.keys, memory.values, encoding.src_mask)
             start, eos = self.rules.decoder_start_id, self.rules.eos_id
-            self.active += [Running(j, new_search(start, eos, j.options)) for j in bucket]
+            self.active += [Running(job, new_search(start, eos, job.options)) for job in encoding.jobs]
+        self.encoding = pending
 
     def _buckets(self, jobs: list[SentenceJob]) -> list[list[SentenceJob]]:
         """Group newcomers of similar length so that an encoder pass pads little."""

@@ -50,6 +50,12 @@ class Settings(BaseSettings):
     )
     intra_op_threads: int = Field(default_factory=available_cores, ge=1, description="threads inside one graph run")
     inter_op_threads: int = Field(1, ge=1)
+    encoder_threads: int = Field(
+        0,
+        ge=0,
+        description="threads inside one encoder pass; 0: 1 under continuous batching (the passes run beside the "
+        "decoder steps, which have intra_op_threads), else intra_op_threads",
+    )
 
     # -- batching ------------------------------------------------------------------------------
     batching: Literal["continuous", "static"] = Field(

@@ -3,6 +3,8 @@ cancellation, a failing batch, static mode; and a sentence's output never depend
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch, place
 from service.errors import DeadlineExceeded, InferenceError, Overloaded
 from service.metrics import Metrics
+from service.runtime import Memory
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
 from tests.fakes import EOS, PAD, START, FakeRuntime
 
@@ -182,3 +185,72 @@ def test_blocks_that_grow_or_do_not_fit_keep_the_searches_order() -> None:
     assert order == [0, 1, 2] and kept.tolist() == [0, 0, 0, 0, 1, 2, 2, 2, 2]
     order, kept = place([rows(), rows(), rows()], [0, 1, 2, 3])
     assert order == [] and kept.size == 0
+
+
+class GatedRuntime(FakeRuntime):
+    """A fake whose encoder passes wait for a gate, and which records the thread each pass ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.encoder_threads: list[str] = []
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
+        self.encoder_threads.append(threading.current_thread().name)
+        assert self.gate.wait(timeout=10)
+        return super().encode(src_ids, src_mask)
+
+
+def overlapping(max_rows: int = 64) -> tuple[Scheduler, GatedRuntime]:
+    runtime = GatedRuntime()
+    limits = BatchLimits(max_rows=max_rows, overlap_encoder=True)
+    return Scheduler(runtime, RULES, limits, Metrics(), "fake", clock=Clock()), runtime
+
+
+LONG = SearchOptions(max_new_tokens=30, min_new_tokens=30)
+
+
+def test_decoder_steps_go_on_while_newcomers_are_encoded_on_their_own_thread() -> None:
+    scheduler, runtime = overlapping(max_rows=2)
+    first = submit(scheduler, sources(1, seed=13), LONG)
+    scheduler.run_once()  # nothing running yet: the worker waits for the pass, then steps
+    assert runtime.steps == 1 and len(scheduler.active) == 1
+    runtime.gate.clear()
+    second = submit(scheduler, sources(1, seed=14), GREEDY)
+    third = submit(scheduler, sources(1, seed=15), GREEDY)
+    for _ in range(3):
+        scheduler.run_once()
+    assert runtime.steps == 4 and [r.job.ticket for r in scheduler.active] == [first]  # stepping, not waiting
+    assert [e.jobs[0].ticket for e in scheduler.encoding] == [second]  # in flight, counted against the rows:
+    assert [j.ticket for j in scheduler.waiting] == [third]  # the third waits for room
+    runtime.gate.set()
+    drain(scheduler)
+    for ticket, seed, options in ((first, 13, LONG), (second, 14, GREEDY), (third, 15, GREEDY)):
+        assert ticket.error is None and ticket.results == [alone(s, options) for s in sources(1, seed=seed)]
+    assert runtime.encoder_threads and all(name.startswith("encoder-fake") for name in runtime.encoder_threads)
+
+
+def test_an_overlapped_encoder_failure_fails_only_its_sentences() -> None:
+    scheduler, runtime = overlapping()
+    running = submit(scheduler, sources(1, seed=16), LONG)
+    scheduler.run_once()
+    runtime.fail_next_encode = True
+    broken = submit(scheduler, sources(1, seed=17), GREEDY)
+    drain(scheduler)
+    assert isinstance(broken.error, InferenceError) and running.error is None
+    assert running.results == [alone(s, LONG) for s in sources(1, seed=16)]
+
+
+def test_stopping_fails_sentences_whose_pass_is_in_flight() -> None:
+    scheduler, runtime = overlapping()
+    running = submit(scheduler, sources(1, seed=18), LONG)
+    scheduler.run_once()
+    runtime.gate.clear()
+    admitted = submit(scheduler, sources(1, seed=19), GREEDY)
+    scheduler.run_once()
+    assert scheduler.encoding and not scheduler.idle
+    threading.Timer(0.2, runtime.gate.set).start()  # the pass ends while the scheduler stops
+    scheduler.stop(timeout=0.05)
+    for ticket in (running, admitted):
+        assert isinstance(ticket.error, Overloaded) and "stopped" in str(ticket.error)
