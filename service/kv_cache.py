@@ -60,8 +60,7 @@ class DecoderCache:
         self._reserve(start + b, width)
         for name, new in (("cross_keys", cross_keys), ("cross_values", cross_values)):
             store = self._store[name]  # (L, R, H, S, Dh)
-            store[:, start : start + b, :, : new.shape[TIME_AXIS]] = new  # (L, b, H, S', Dh)
-            store[:, start : start + b, :, new.shape[TIME_AXIS] :] = 0.0  # masked padding
+            store[:, start : start + b, :, : new.shape[TIME_AXIS]] = new  # (L, b, H, S', Dh); the rest is masked
         self.src_mask = np.concatenate([widen_mask(self.src_mask, width), widen_mask(src_mask, width)], axis=0)
         self.self_mask = np.concatenate([self.self_mask, np.zeros((b, self.capacity), np.bool_)], axis=0)
         self.lengths = np.concatenate([self.lengths, np.zeros(b, np.int64)])

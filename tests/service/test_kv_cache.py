@@ -108,8 +108,8 @@ def test_rows_join_and_branch_in_place_while_there_is_room() -> None:
     assert np.shares_memory(cache.self_keys, buffer) and cache.rows == 4
     assert cache.self_keys[0, :2, 0, 0, 0].tolist() == [7.0, 7.0] and cache.lengths.tolist() == [1, 1, 0, 0]
     assert not cache.self_mask[2:].any()  # the newcomers see none of the old rows' steps
-    assert cache.cross_keys[0, 2, 0, :, 0].tolist() == [2.0, 2.0, 0.0]  # their shorter source, padded
-    assert cache.src_mask[2].tolist() == [True, True, False]
+    assert cache.cross_keys[0, 2, 0, :2, 0].tolist() == [2.0, 2.0]  # their shorter source; what follows is
+    assert cache.src_mask[2].tolist() == [True, True, False]  # an old row's, masked (never zeroed: it costs)
     cache.select(np.array([0, 0, 0, 1, 2, 3]))  # beams branch past the room: the buffers grow, contents kept
     assert cache.rows == 6 and cache.self_keys[0, :4, 0, 0, 0].tolist() == [7.0, 7.0, 7.0, 7.0]
     assert cache.cross_keys[0, :, 0, 0, 0].tolist() == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
