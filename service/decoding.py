@@ -75,14 +75,16 @@ class BeamSearch:
     start_id: int
     eos_id: int
     options: SearchOptions
-    sequences: np.ndarray = field(init=False)  # (rows, t) generated ids of the running beams
-    scores: np.ndarray = field(init=False)  # (rows,) their summed log-probabilities, best first
+    sequences: np.ndarray = field(init=False)  # (rows, t) generated ids of the running beams, one per cache row
+    scores: np.ndarray = field(init=False)  # (rows,) their summed log-probabilities
+    ranked: np.ndarray = field(init=False)  # (rows,) the rows, best beam first (the order HF keeps its beams in)
     finished: list[Hypothesis] = field(default_factory=list)
     done: bool = False
 
     def __post_init__(self) -> None:
         self.sequences = np.zeros((1, 0), dtype=np.int64)  # one beam until the first step has run
         self.scores = np.zeros(1, dtype=np.float64)
+        self.ranked = np.zeros(1, dtype=np.int64)
 
     @property
     def rows(self) -> int:
@@ -94,15 +96,18 @@ class BeamSearch:
         return self.sequences[:, -1].copy()  # (rows,)
 
     def advance(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> np.ndarray:
-        """Each row's candidates (rows, K), best first -> the parent row of every beam that runs on."""
+        """Each row's candidates (rows, K), best first -> the parent row of every beam that runs on. The
+        candidates are ranked with the beams best first (so ties break as in HF); the new beams then take
+        rows so that as many as possible stay in their parent's row, which the cache need not copy."""
         k, width = self.options.beam_size, top_ids.shape[1]
-        total = self.scores[:, None] + top_log_probs  # (rows, K)
+        top_log_probs, top_ids = top_log_probs[self.ranked], top_ids[self.ranked]  # (rows, K) best beam first
+        total = self.scores[self.ranked, None] + top_log_probs  # (rows, K)
         if self.sequences.shape[1] < self.options.min_new_tokens:
             total = np.where(top_ids == self.eos_id, -np.inf, total)  # (rows, K) EOS not allowed yet
         flat = total.ravel()  # (rows * K,)
         n = min(2 * k, flat.size)
         top = np.argsort(-flat, kind="stable")[:n]  # (n,) best first
-        parents, tokens, cand_scores = top // width, top_ids.ravel()[top], flat[top]  # (n,) each
+        parents, tokens, cand_scores = self.ranked[top // width], top_ids.ravel()[top], flat[top]  # (n,) each
         length = self.sequences.shape[1] + 1
         hits = (tokens == self.eos_id) | (length >= self.options.max_new_tokens)  # (n,)
         for i in np.flatnonzero(hits[:k]):
@@ -112,10 +117,12 @@ class BeamSearch:
         if keep.size == 0:
             self.done = True
             return keep
-        self.sequences = np.concatenate([self.sequences[parents[keep]], tokens[keep, None]], axis=1)  # (k, t+1)
-        self.scores = cand_scores[keep]  # (k,)
+        rows = keep[stay_in_parent_rows(parents[keep])]  # (k,) the candidate each row takes
+        self.sequences = np.concatenate([self.sequences[parents[rows]], tokens[rows, None]], axis=1)  # (k, t+1)
+        self.scores = cand_scores[rows]  # (k,)
+        self.ranked = np.argsort(rows, kind="stable")  # (k,) rows, best beam first: `keep` is best first
         self.done = self._cannot_improve()
-        return np.zeros(0, np.int64) if self.done else parents[keep]
+        return np.zeros(0, np.int64) if self.done else parents[rows]
 
     def _finish(self, hypothesis: Hypothesis) -> None:
         self.finished.append(hypothesis)
@@ -126,11 +133,27 @@ class BeamSearch:
         """HF's early_stopping=False heuristic: the best running beam, scored at its current length."""
         if len(self.finished) < self.options.beam_size:
             return False
-        best_running = self.scores[0] / self.sequences.shape[1] ** self.options.length_penalty
+        best_running = self.scores[self.ranked[0]] / self.sequences.shape[1] ** self.options.length_penalty
         return best_running <= self.finished[-1].score
 
     def results(self) -> list[Hypothesis]:
         return self.finished[: self.options.n_best]
+
+
+def stay_in_parent_rows(parents: np.ndarray) -> np.ndarray:
+    """parents (n,): each new beam's parent row -> order (n,): order[r] is the beam that takes row r. A beam takes
+    its parent's row when that row is free (the first such beam, best first); the others fill the rest in order.
+    Beams sorted best first would move most rows every step (parents [0, 0, 1, 2]: three copies, here one)."""
+    n = len(parents)
+    order = np.full(n, -1, np.int64)
+    others = []
+    for beam, parent in enumerate(parents.tolist()):
+        if parent < n and order[parent] < 0:
+            order[parent] = beam
+        else:
+            others.append(beam)
+    order[order < 0] = others
+    return order
 
 
 Search = GreedySearch | BeamSearch
