@@ -3,7 +3,9 @@
 Self-attention: each row's earlier steps, left-aligned (slot t holds the row's step t), appended in
 place every step. Cross-attention: each row's source keys/values from the encoder, written once
 when the row joins. Rows are sentences or beams; the cache knows nothing of requests or searches.
-Keys and values share one layout, (L, B, H, time, Dh): an append writes contiguous Dh vectors.
+Each layer's keys and values are an array of their own, (B, H, time, Dh): an append writes contiguous
+Dh vectors, and a buffer that grows or shrinks does so one layer at a time, so that the old and the new
+buffer are never both whole in memory (on the paper-size model at beam 4 x 32 that transient set the peak).
 
 The four big buffers have room for more rows than are live (like a growing list), so that rows join, leave
 and follow their parents in place: a continuous batch that a sentence joins at every step never copies the
@@ -19,20 +21,23 @@ from __future__ import annotations
 import numpy as np
 
 MIN_CAPACITY = 16  # time slots
-TIME_AXIS = 3  # of the (L, B, H, T, Dh) buffers
+TIME_AXIS = 2  # of each layer's (R, H, T, Dh) buffer
 BUFFERS = ("self_keys", "self_values", "cross_keys", "cross_values")
 
 
 def _live(name: str) -> property:
-    """The first B (live) rows of one of the four buffers: each layer's rows are a contiguous view."""
-    return property(lambda cache: cache._store[name][:, : cache.rows])
+    """The first B (live) rows of one of the four buffers: per layer, a contiguous (B, ...) view."""
+    return property(lambda cache: [layer[: cache.rows] for layer in cache._store[name]])
 
 
 class DecoderCache:
     def __init__(self, n_layers: int, n_heads: int, head_dim: int) -> None:
         self.n_layers, self.n_heads, self.head_dim = n_layers, n_heads, head_dim
-        self._store = {  # (L, R, H, T or S, Dh) each; rows past self.rows are free
-            name: np.zeros((n_layers, 0, n_heads, MIN_CAPACITY if name.startswith("self") else 1, head_dim), np.float32)
+        self._store = {  # per layer (R, H, T or S, Dh); rows past self.rows are free
+            name: [
+                np.zeros((0, n_heads, MIN_CAPACITY if name.startswith("self") else 1, head_dim), np.float32)
+                for _ in range(n_layers)
+            ]
             for name in BUFFERS
         }
         self.self_mask = np.zeros((0, MIN_CAPACITY), np.bool_)  # (B, T)
@@ -49,18 +54,18 @@ class DecoderCache:
     def capacity(self) -> int:
         return self.self_mask.shape[1]
 
-    self_keys = _live("self_keys")  # (L, B, H, T, Dh)
-    self_values = _live("self_values")  # (L, B, H, T, Dh)
-    cross_keys = _live("cross_keys")  # (L, B, H, S, Dh)
-    cross_values = _live("cross_values")  # (L, B, H, S, Dh)
+    self_keys = _live("self_keys")  # L x (B, H, T, Dh)
+    self_values = _live("self_values")  # L x (B, H, T, Dh)
+    cross_keys = _live("cross_keys")  # L x (B, H, S, Dh)
+    cross_values = _live("cross_values")  # L x (B, H, S, Dh)
 
     def add(self, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray) -> None:
         """New rows with no steps yet: cross_keys and cross_values (L, b, H, S', Dh), src_mask (b, S')."""
         b, width, start = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1]), self.rows
         self._reserve(start + b, width)
         for name, new in (("cross_keys", cross_keys), ("cross_values", cross_values)):
-            store = self._store[name]  # (L, R, H, S, Dh)
-            store[:, start : start + b, :, : new.shape[TIME_AXIS]] = new  # (L, b, H, S', Dh); the rest is masked
+            for layer, new_layer in zip(self._store[name], new, strict=True):  # (R, H, S, Dh), (b, H, S', Dh)
+                layer[start : start + b, :, : new_layer.shape[TIME_AXIS]] = new_layer  # the rest is masked
         self.src_mask = np.concatenate([widen_mask(self.src_mask, width), widen_mask(src_mask, width)], axis=0)
         self.self_mask = np.concatenate([self.self_mask, np.zeros((b, self.capacity), np.bool_)], axis=0)
         self.lengths = np.concatenate([self.lengths, np.zeros(b, np.int64)])
@@ -99,27 +104,24 @@ class DecoderCache:
         """Write this step's keys/values (L, B, H, Dh) at each row's next slot, in place."""
         if self.rows and self.lengths.max() >= self.capacity:
             self._grow(max(2 * self.capacity, int(self.lengths.max()) + 1))
-        keys, values = self.self_keys, self.self_values  # (L, B, H, T, Dh) views
-        if self.rows and (self.lengths == self.lengths[0]).all():  # rows in step (a static batch): one slot
-            t = int(self.lengths[0])
-            keys[:, :, :, t] = step_keys  # (L, B, H, Dh)
-            values[:, :, :, t] = step_values  # (L, B, H, Dh)
-            self.self_mask[:, t] = True
-        else:
-            rows = np.arange(self.rows)
-            keys[:, rows, :, self.lengths, :] = step_keys.transpose(1, 0, 2, 3)  # (B, L, H, Dh)
-            values[:, rows, :, self.lengths, :] = step_values.transpose(1, 0, 2, 3)  # (B, L, H, Dh)
-            self.self_mask[rows, self.lengths] = True
+        in_step = self.rows and (self.lengths == self.lengths[0]).all()  # a static batch: one slot for all rows
+        rows = np.arange(self.rows)  # (B,)
+        for name, new in (("self_keys", step_keys), ("self_values", step_values)):
+            for layer, new_layer in zip(self._store[name], new, strict=True):  # (R, H, T, Dh), (B, H, Dh)
+                if in_step:
+                    layer[: self.rows, :, int(self.lengths[0])] = new_layer  # (B, H, Dh)
+                else:
+                    layer[rows, :, self.lengths] = new_layer  # (B, H, Dh) at each row's own slot
+        self.self_mask[rows, self.lengths] = True
         self.lengths += 1
 
     def _reserve(self, rows: int, width: int) -> None:
         """Room for `rows` rows and sources `width` long: the row axis at least doubles when it grows."""
         for name, store in self._store.items():
-            reserved, time = store.shape[1], store.shape[TIME_AXIS]
-            time = time if name.startswith("self") else max(time, width)
-            if rows > reserved or time > store.shape[TIME_AXIS]:
-                rows_after = max(rows, 2 * reserved) if rows > reserved else reserved
-                self._store[name] = resized(store, rows_after, time, self.rows)
+            reserved, time = store[0].shape[0], store[0].shape[TIME_AXIS]
+            wanted = time if name.startswith("self") else max(time, width)
+            if rows > reserved or wanted > time:
+                self._resize(name, max(rows, 2 * reserved) if rows > reserved else reserved, wanted)
 
     def _grow(self, capacity: int) -> None:
         self._resize_time(("self_keys", "self_values"), capacity)
@@ -141,18 +143,22 @@ class DecoderCache:
 
     def _resize_time(self, names: tuple[str, ...], time: int) -> None:
         for name in names:
-            store = self._store[name]
-            self._store[name] = resized(store, store.shape[1], time, self.rows)  # (L, R, H, time, Dh)
+            self._resize(name, self._store[name][0].shape[0], time)
+
+    def _resize(self, name: str, rows: int, time: int) -> None:
+        """One buffer to (rows, H, time, Dh) per layer, a layer at a time: each old layer is freed as soon as
+        its rows are copied."""
+        store = self._store[name]
+        for i in range(len(store)):
+            store[i] = resized(store[i], rows, time, self.rows)  # (rows, H, time, Dh)
 
 
-def resized(store: np.ndarray, rows: int, time: int, live: int) -> np.ndarray:
-    """(L, R, H, T, Dh) -> (L, rows, H, time, Dh): the first `live` rows' first min(T, time) slots kept, zeros
+def resized(layer: np.ndarray, rows: int, time: int, live: int) -> np.ndarray:
+    """(R, H, T, Dh) -> (rows, H, time, Dh): the first `live` rows' first min(T, time) slots kept, zeros
     elsewhere (the rows past the live ones hold nothing anyone reads)."""
-    shape = list(store.shape)
-    shape[1], shape[TIME_AXIS] = rows, time
-    out = np.zeros(shape, store.dtype)
-    kept = min(time, store.shape[TIME_AXIS])
-    out[:, :live, :, :kept] = store[:, :live, :, :kept]  # (L, live, H, kept, Dh)
+    out = np.zeros((rows, layer.shape[1], time, layer.shape[3]), layer.dtype)
+    kept = min(time, layer.shape[TIME_AXIS])
+    out[:live, :, :kept] = layer[:live, :, :kept]  # (live, H, kept, Dh)
     return out
 
 

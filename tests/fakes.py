@@ -38,12 +38,12 @@ class FakeRuntime:
         if self.fail_next_step:
             self.fail_next_step = False
             raise RuntimeError("injected decoder failure")
-        history = (cache.self_keys[0, :, 0, :, 0] * cache.self_mask).sum(1)  # (B,)
+        history = (cache.self_keys[0][:, 0, :, 0] * cache.self_mask).sum(1)  # (B,)
         log_probs = np.stack(
             [
                 row_log_probs(int(sig), int(pos), int(tok), float(h))
                 for sig, pos, tok, h in zip(
-                    cache.cross_keys[0, :, 0, 0, 0], cache.lengths, input_ids, history, strict=True
+                    cache.cross_keys[0][:, 0, 0, 0], cache.lengths, input_ids, history, strict=True
                 )
             ]
         )  # (B, V)

@@ -9,6 +9,10 @@ def memory(rows: int, src_len: int, fill: float) -> tuple[np.ndarray, np.ndarray
     return keys, values, np.ones((rows, src_len), np.bool_)
 
 
+def stacked(layers: list[np.ndarray]) -> np.ndarray:
+    return np.stack(layers)  # (L, B, ...) a copy, to read
+
+
 def step(rows: int, fill: float) -> np.ndarray:
     return np.full((2, rows, 3, 4), fill, np.float32)  # (L, B, H, Dh)
 
@@ -22,10 +26,10 @@ def test_rows_join_with_longer_sources_and_append_in_their_own_slots() -> None:
     cache.append(step(3, 11.0), step(3, 21.0))
     assert cache.lengths.tolist() == [2, 2, 1]
     assert cache.self_mask[:, :3].tolist() == [[True, True, False]] * 2 + [[True, False, False]]
-    assert cache.self_keys[0, 0, 0, :2, 0].tolist() == [10.0, 11.0]
-    assert cache.self_keys[0, 2, 0, :2, 0].tolist() == [11.0, 0.0]  # the newcomer's step 0 is in slot 0
-    assert cache.cross_keys[1, 0, 2, :, 0].tolist() == [1.0] * 5 + [0.0] * 3  # padded source, masked
-    assert cache.self_values[1, 2, 2, 0].tolist() == [21.0] * 4
+    assert stacked(cache.self_keys)[0, 0, 0, :2, 0].tolist() == [10.0, 11.0]
+    assert stacked(cache.self_keys)[0, 2, 0, :2, 0].tolist() == [11.0, 0.0]  # the newcomer's step 0 is in slot 0
+    assert stacked(cache.cross_keys)[1, 0, 2, :, 0].tolist() == [1.0] * 5 + [0.0] * 3  # padded source, masked
+    assert stacked(cache.self_values)[1, 2, 2, 0].tolist() == [21.0] * 4
 
 
 def test_select_reorders_and_drops_and_capacity_grows() -> None:
@@ -34,27 +38,30 @@ def test_select_reorders_and_drops_and_capacity_grows() -> None:
     for t in range(MIN_CAPACITY + 1):
         cache.append(step(3, float(t)), step(3, float(t)))
     assert cache.capacity >= MIN_CAPACITY + 1 and cache.lengths.tolist() == [MIN_CAPACITY + 1] * 3
-    cache.self_keys[:, 2] = -1.0
+    for layer in cache.self_keys:
+        layer[2] = -1.0
     cache.select(np.array([2, 2, 0]))
     assert cache.rows == 3
     filled = MIN_CAPACITY + 1  # slots past what any row wrote are not copied: the mask hides them
-    assert (cache.self_keys[:, :2, :, :filled] == -1.0).all() and cache.self_keys[0, 2, 0, 3, 0] == 3.0
+    keys = stacked(cache.self_keys)  # (L, B, H, T, Dh)
+    assert (keys[:, :2, :, :filled] == -1.0).all() and keys[0, 2, 0, 3, 0] == 3.0
     assert cache.self_mask[:, :filled].all() and not cache.self_mask[:, filled:].any()
     cache.select(np.array([2]))
-    assert cache.rows == 1 and cache.self_mask.shape[0] == 1 and cache.cross_keys.shape[1] == 1
+    assert cache.rows == 1 and cache.self_mask.shape[0] == 1 and stacked(cache.cross_keys).shape[1] == 1
 
 
 def test_beams_reordered_within_a_sentence_keep_the_source_buffers() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(2, 3, 1.0))
     cache.select(np.array([0, 0, 0, 1, 1, 1]))  # two sentences, three beams each
-    cache.cross_keys[:, :, 0, 0, 0] = np.arange(6, dtype=np.float32)  # a probe per row, to see any copy
+    for layer in cache.cross_keys:
+        layer[:, 0, 0, 0] = np.arange(6, dtype=np.float32)  # a probe per row, to see any copy
     cache.append(step(6, 1.0), step(6, 1.0))
     cache.select(np.array([2, 0, 0, 5, 3, 4]))  # parents within each sentence: no source copy
-    assert cache.cross_keys[0, :, 0, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert stacked(cache.cross_keys)[0, :, 0, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
     assert cache.sources.tolist() == [0, 0, 0, 1, 1, 1]
     cache.select(np.array([3, 4]))  # the first sentence left: the source buffers shrink
-    assert cache.cross_keys.shape[1] == 2 and cache.sources.tolist() == [1, 1]
+    assert stacked(cache.cross_keys).shape[1] == 2 and cache.sources.tolist() == [1, 1]
 
 
 def test_buffers_stay_contiguous_for_the_graphs() -> None:
@@ -74,17 +81,21 @@ def test_in_place_reorder_reads_every_parent_before_writing() -> None:
     cache.add(*memory(4, 2, 1.0))
     for t in range(3):
         cache.append(step(4, float(t)), step(4, float(t)))
-    cache.self_keys[:, :, :, 0, 0] = np.arange(4, dtype=np.float32)[None, :, None]  # each row's mark
+    for layer in cache.self_keys:
+        layer[:, :, 0, 0] = np.arange(4, dtype=np.float32)[:, None]  # each row's mark
     buffer = cache.self_keys
     cache.select(np.array([1, 0, 2, 3]))  # a swap: two rows move
-    assert np.shares_memory(cache.self_keys, buffer) and cache.self_keys[0, :, 0, 0, 0].tolist() == [1.0, 0.0, 2.0, 3.0]
+    assert np.shares_memory(cache.self_keys[0], buffer[0])
+    assert stacked(cache.self_keys)[0, :, 0, 0, 0].tolist() == [1.0, 0.0, 2.0, 3.0]
     cache.select(np.array([2, 0, 0, 3]))  # a chain through a row that is itself overwritten
-    assert cache.self_keys[0, :, 0, 0, 0].tolist() == [2.0, 1.0, 1.0, 3.0]
+    assert stacked(cache.self_keys)[0, :, 0, 0, 0].tolist() == [2.0, 1.0, 1.0, 3.0]
     cache.select(np.array([3, 2, 1, 0]))  # everything moves, still in place
-    assert np.shares_memory(cache.self_keys, buffer) and cache.self_keys[0, :, 0, 0, 0].tolist() == [3.0, 1.0, 1.0, 2.0]
+    assert np.shares_memory(cache.self_keys[0], buffer[0])
+    assert stacked(cache.self_keys)[0, :, 0, 0, 0].tolist() == [3.0, 1.0, 1.0, 2.0]
     cache.select(np.array([3, 1]))  # rows leave: a view of the first two rows of the same memory
-    assert np.shares_memory(cache.self_keys, buffer) and cache.self_keys[1, :, 0, 0, 0].tolist() == [2.0, 1.0]
-    assert cache.cross_keys.shape[1] == 2 and cache.src_mask.shape == (2, 2)
+    assert np.shares_memory(cache.self_keys[0], buffer[0])
+    assert stacked(cache.self_keys)[1, :, 0, 0, 0].tolist() == [2.0, 1.0]
+    assert stacked(cache.cross_keys).shape[1] == 2 and cache.src_mask.shape == (2, 2)
 
 
 def test_a_finished_sentence_hands_its_rows_to_another_sentence_with_its_source() -> None:
@@ -95,7 +106,7 @@ def test_a_finished_sentence_hands_its_rows_to_another_sentence_with_its_source(
     cache.append(step(4, 5.0), step(4, 5.0))
     cache.select(np.array([2, 3]))  # the first sentence finished: the second's beams move up, with their source
     assert cache.sources.tolist() == [1, 1]
-    assert (cache.cross_keys == 2.0).all() and (cache.cross_values == 2.0).all()
+    assert (stacked(cache.cross_keys) == 2.0).all() and (stacked(cache.cross_values) == 2.0).all()
 
 
 def test_rows_join_and_branch_in_place_while_there_is_room() -> None:
@@ -105,14 +116,14 @@ def test_rows_join_and_branch_in_place_while_there_is_room() -> None:
     cache.select(np.array([0, 1]))  # two sentences finish: their rows become free room
     buffer = cache.self_keys
     cache.add(*memory(2, 2, 2.0))  # newcomers take the free rows: nothing live is copied
-    assert np.shares_memory(cache.self_keys, buffer) and cache.rows == 4
-    assert cache.self_keys[0, :2, 0, 0, 0].tolist() == [7.0, 7.0] and cache.lengths.tolist() == [1, 1, 0, 0]
+    assert np.shares_memory(cache.self_keys[0], buffer[0]) and cache.rows == 4
+    assert stacked(cache.self_keys)[0, :2, 0, 0, 0].tolist() == [7.0, 7.0] and cache.lengths.tolist() == [1, 1, 0, 0]
     assert not cache.self_mask[2:].any()  # the newcomers see none of the old rows' steps
-    assert cache.cross_keys[0, 2, 0, :2, 0].tolist() == [2.0, 2.0]  # their shorter source; what follows is
+    assert stacked(cache.cross_keys)[0, 2, 0, :2, 0].tolist() == [2.0, 2.0]  # their shorter source; what follows is
     assert cache.src_mask[2].tolist() == [True, True, False]  # an old row's, masked (never zeroed: it costs)
     cache.select(np.array([0, 0, 0, 1, 2, 3]))  # beams branch past the room: the buffers grow, contents kept
-    assert cache.rows == 6 and cache.self_keys[0, :4, 0, 0, 0].tolist() == [7.0, 7.0, 7.0, 7.0]
-    assert cache.cross_keys[0, :, 0, 0, 0].tolist() == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
+    assert cache.rows == 6 and stacked(cache.self_keys)[0, :4, 0, 0, 0].tolist() == [7.0, 7.0, 7.0, 7.0]
+    assert stacked(cache.cross_keys)[0, :, 0, 0, 0].tolist() == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
     assert cache.sources.tolist() == [0, 0, 0, 1, 4, 5]
 
 
@@ -127,13 +138,14 @@ def test_time_and_source_axes_shrink_once_the_rows_that_needed_them_leave() -> N
     assert cache.capacity == 64 and cache.src_mask.shape[1] == 20
     cache.select(np.array([1, 2]))  # the long one finished
     assert cache.capacity == MIN_CAPACITY and cache.self_mask.shape == (2, MIN_CAPACITY)
-    assert cache.src_mask.shape == (2, 3) and cache.cross_keys.shape == (2, 2, 3, 3, 4)
-    assert cache.self_keys[1, :, 2, :2, 0].tolist() == [[100.0, 101.0]] * 2  # what the live rows wrote, kept
-    assert cache.self_mask[:, :3].tolist() == [[True, True, False]] * 2 and (cache.cross_keys == 2.0).all()
+    assert cache.src_mask.shape == (2, 3) and stacked(cache.cross_keys).shape == (2, 2, 3, 3, 4)
+    assert stacked(cache.self_keys)[1, :, 2, :2, 0].tolist() == [[100.0, 101.0]] * 2  # what the live rows wrote, kept
+    assert cache.self_mask[:, :3].tolist() == [[True, True, False]] * 2 and (stacked(cache.cross_keys) == 2.0).all()
     for layer in (*cache.self_keys, *cache.cross_values):
         assert layer.flags["C_CONTIGUOUS"]
     cache.append(step(2, 7.0), step(2, 7.0))
-    assert cache.self_values[0, 1, 0, :3, 0].tolist() == [100.0, 101.0, 7.0] and cache.lengths.tolist() == [3, 3]
+    assert stacked(cache.self_values)[0, 1, 0, :3, 0].tolist() == [100.0, 101.0, 7.0]
+    assert cache.lengths.tolist() == [3, 3]
 
 
 def test_axes_keep_their_size_when_shrinking_would_save_less_than_a_third() -> None:
@@ -144,5 +156,5 @@ def test_axes_keep_their_size_when_shrinking_would_save_less_than_a_third() -> N
         cache.append(step(2, 1.0), step(2, 1.0))
     buffer = cache.self_keys
     cache.select(np.array([1]))  # the 9-token source left, the 7-token one stays: 7 of 9 is more than 2/3
-    assert cache.capacity == 2 * MIN_CAPACITY and np.shares_memory(cache.self_keys, buffer)
+    assert cache.capacity == 2 * MIN_CAPACITY and np.shares_memory(cache.self_keys[0], buffer[0])
     assert cache.src_mask.shape == (1, 9)
