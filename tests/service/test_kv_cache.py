@@ -1,6 +1,6 @@
 import numpy as np
 
-from service.kv_cache import MIN_CAPACITY, DecoderCache
+from service.kv_cache import MIN_CAPACITY, DecoderCache, fitted_capacity
 
 
 def memory(rows: int, src_len: int, fill: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -135,7 +135,7 @@ def test_time_and_source_axes_shrink_once_the_rows_that_needed_them_leave() -> N
     cache.add(*memory(2, 3, 2.0))  # two short ones join it
     for t in range(2):
         cache.append(step(3, 100.0 + t), step(3, 100.0 + t))
-    assert cache.capacity == 64 and cache.src_mask.shape[1] == 20
+    assert cache.capacity == 48 and cache.src_mask.shape[1] == 20  # 16, then 32, then 41 rounded up
     cache.select(np.array([1, 2]))  # the long one finished
     assert cache.capacity == MIN_CAPACITY and cache.self_mask.shape == (2, MIN_CAPACITY)
     assert cache.src_mask.shape == (2, 3) and stacked(cache.cross_keys).shape == (2, 2, 3, 3, 4)
@@ -152,9 +152,21 @@ def test_axes_keep_their_size_when_shrinking_would_save_less_than_a_third() -> N
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(1, 9, 1.0))
     cache.add(*memory(1, 7, 1.0))
-    for _ in range(MIN_CAPACITY + 1):  # capacity 32: 17 + 8 slots fit in no less
+    for _ in range(MIN_CAPACITY + 1):  # capacity 32: 18 slots and a quarter more fit in no less
         cache.append(step(2, 1.0), step(2, 1.0))
     buffer = cache.self_keys
     cache.select(np.array([1]))  # the 9-token source left, the 7-token one stays: 7 of 9 is more than 2/3
     assert cache.capacity == 2 * MIN_CAPACITY and np.shares_memory(cache.self_keys[0], buffer[0])
     assert cache.src_mask.shape == (1, 9)
+
+
+def test_capacity_grows_by_a_quarter_in_whole_blocks() -> None:
+    assert [fitted_capacity(n) for n in (1, 16, 17, 33, 65, 129, 200)] == [16, 32, 32, 48, 96, 176, 256]
+    cache = DecoderCache(n_layers=1, n_heads=1, head_dim=2)
+    cache.add(np.zeros((1, 1, 1, 3, 2), np.float32), np.zeros((1, 1, 1, 3, 2), np.float32), np.ones((1, 3), np.bool_))
+    seen = []
+    for t in range(100):
+        cache.append(np.full((1, 1, 1, 2), t, np.float32), np.zeros((1, 1, 1, 2), np.float32))
+        seen.append(cache.capacity)
+    assert sorted(set(seen)) == [16, 32, 48, 64, 96, 128]
+    assert stacked(cache.self_keys)[0, 0, 0, :100, 0].tolist() == list(range(100))  # every growth kept them
