@@ -1,10 +1,10 @@
 """Continuous (iteration-level) batching in a worker thread: sentences of many requests share one
-decoder batch; newcomers join between steps (their encoder pass runs then), finished sentences leave
-at once, expired or abandoned ones are dropped. A static mode runs each batch to completion instead.
+decoder batch; newcomers join between steps, finished sentences leave at once, expired or abandoned
+ones are dropped. A static mode runs each batch to completion instead.
 
-With `overlap_encoder`, newcomers' encoder passes run on a thread of their own while the decoder keeps
-stepping, and the sentences join the batch at the first step after their pass: on a small model at 32
-clients the passes took a third of the worker's time when they ran between steps.
+Newcomers' encoder passes run between steps or, with `overlap_encoder`, on a thread of their own while
+the decoder keeps stepping; their sentences join the batch at the first step after their pass. On a small
+model at 32 clients the passes took a third of the worker's time when they ran between steps.
 
 Sees token ids and search options only: text lives in the tokenizer and the HTTP layer. It decides
 which rows run each step; the Runtime runs the graphs.
