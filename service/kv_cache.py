@@ -128,16 +128,17 @@ class DecoderCache:
         self.self_mask = widen_mask(self.self_mask, capacity)  # (B, T')
 
     def _shrink(self) -> None:
-        """After rows left: the time axis (a power of two) and the source axis (exact) shrink to what the live
-        rows use, with room to grow, whenever that saves at least a third. A shrink copies the live rows once;
-        every step after it reads that much less."""
+        """After rows left: the time axis (with room to grow) and the source axis (exact) shrink to what the live
+        rows use, whenever that at least halves them. A shrink copies the live rows once and every step after
+        it reads that much less; a readier shrink (at a third) made the server at 32 clients 5 % slower, its
+        rows growing back into fresh buffers."""
         capacity = fitted_capacity(int(self.lengths.max(initial=0)) + 1)
-        if 3 * capacity <= 2 * self.capacity:
+        if 2 * capacity <= self.capacity:
             self._resize_time(("self_keys", "self_values"), capacity)
             self.self_mask = np.ascontiguousarray(self.self_mask[:, :capacity])  # (B, T')
         used = np.flatnonzero(self.src_mask.any(axis=0))  # (S',) source positions some live row has
         width = int(used[-1]) + 1 if used.size else 1
-        if 3 * width <= 2 * self.src_mask.shape[1]:
+        if 2 * width <= self.src_mask.shape[1]:
             self._resize_time(("cross_keys", "cross_values"), width)
             self.src_mask = np.ascontiguousarray(self.src_mask[:, :width])  # (B, S')
 

@@ -148,14 +148,14 @@ def test_time_and_source_axes_shrink_once_the_rows_that_needed_them_leave() -> N
     assert cache.lengths.tolist() == [3, 3]
 
 
-def test_axes_keep_their_size_when_shrinking_would_save_less_than_a_third() -> None:
+def test_axes_keep_their_size_when_shrinking_would_not_halve_them() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(1, 9, 1.0))
     cache.add(*memory(1, 7, 1.0))
     for _ in range(MIN_CAPACITY + 1):  # capacity 32: 18 slots and a quarter more fit in no less
         cache.append(step(2, 1.0), step(2, 1.0))
     buffer = cache.self_keys
-    cache.select(np.array([1]))  # the 9-token source left, the 7-token one stays: 7 of 9 is more than 2/3
+    cache.select(np.array([1]))  # the 9-token source left, the 7-token one stays: more than half
     assert cache.capacity == 2 * MIN_CAPACITY and np.shares_memory(cache.self_keys[0], buffer[0])
     assert cache.src_mask.shape == (1, 9)
 
