@@ -186,7 +186,9 @@ class OnnxRuntime:
 
 def drop_banned(top_log_probs: np.ndarray, top_ids: np.ndarray, banned: np.ndarray, k: int) -> tuple:
     """Each row's best k candidates without the banned ids, still best first: (B, K + b) -> (B, k)."""
-    bad = np.isin(top_ids, banned)  # (B, K + b)
+    bad = top_ids == banned[0]  # (B, K + b); two ids: comparisons cost a fifth of np.isin at 32 rows
+    for banned_id in banned[1:]:
+        bad |= top_ids == banned_id
     if not bad.any():
         return top_log_probs[:, :k], top_ids[:, :k]
     order = np.argsort(bad, axis=1, kind="stable")[:, :k]  # (B, k) the allowed ones, in their order
