@@ -121,3 +121,12 @@ class Settings(BaseSettings):
     def ort_providers(self) -> tuple[str, ...]:
         names = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
         return tuple(names[p] for p in self.providers)
+
+    @property
+    def overlap_encoder(self) -> bool:
+        """Encoder passes run on a thread of their own beside the decoder steps (continuous batching)."""
+        return self.batching == "continuous"
+
+    def encoder_session_threads(self) -> int:
+        """The encoder session's intra-op threads (0: as intra_op_threads): one when it runs beside the decoder."""
+        return self.encoder_threads or (1 if self.overlap_encoder else 0)

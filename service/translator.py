@@ -82,7 +82,7 @@ class Translator:
             max_rows=settings.max_batch_rows,
             max_tokens=settings.max_batch_tokens,
             max_queue=settings.max_queue_sentences,
-            overlap_encoder=settings.batching == "continuous",
+            overlap_encoder=settings.overlap_encoder,
         )
         self.scheduler = Scheduler(runtime, self.rules, limits, metrics, self.name)
 
@@ -251,9 +251,11 @@ def model_folders(settings: Settings) -> list[Path]:
 
 
 def load_translators(settings: Settings, metrics: Metrics) -> list[Translator]:
-    encoder_threads = settings.encoder_threads or (1 if settings.batching == "continuous" else 0)
     session = SessionSettings(
-        settings.ort_providers(), settings.intra_op_threads, settings.inter_op_threads, encoder_threads=encoder_threads
+        settings.ort_providers(),
+        settings.intra_op_threads,
+        settings.inter_op_threads,
+        encoder_threads=settings.encoder_session_threads(),
     )
     translators = []
     for path in model_folders(settings):
