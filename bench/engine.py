@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from model_export import graph_io
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "runs" / "bench"
 THREADS = 2
@@ -241,7 +243,8 @@ def make_random_marian(hf_dir: Path, seed: int) -> None:
 def convert_peers(base: Path) -> None:
     """Our folder (+ int8) and CTranslate2 float32/int8 models from the Hugging Face Marian folder."""
     hf, ours = base / "hf", base / "ours"
-    if not (ours / "manifest.json").exists():
+    if not written_by_this_exporter(ours):
+        shutil.rmtree(ours, ignore_errors=True)
         run_command(
             sys.executable,
             "-m",
@@ -266,6 +269,14 @@ def convert_peers(base: Path) -> None:
             run_command(
                 converter, "--model", str(hf), "--output_dir", str(target), "--quantization", quantization, "--force"
             )
+
+
+def written_by_this_exporter(folder: Path) -> bool:
+    """A model folder of the current format (an older one is rebuilt: the server would refuse it)."""
+    manifest = folder / "manifest.json"
+    if not manifest.exists():
+        return False
+    return json.loads(manifest.read_text(encoding="utf-8")).get("format_version") == graph_io.FORMAT_VERSION
 
 
 def prepare_paper(seed: int) -> Path:

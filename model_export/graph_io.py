@@ -15,7 +15,13 @@ Step decoder (once per generated token; rows may be at different steps):
     self_key_i   (batch, n_heads, cache_len, head_dim)  float32  earlier steps' keys
     self_value_i (batch, n_heads, cache_len, head_dim)  float32
     self_mask    (batch, cache_len)            bool   True where a cache slot holds an earlier step
-    cross_key_i, cross_value_i, src_mask       as the encoder gave them (rows may repeat per beam)
+    cross_key_i  (sentences, n_heads, src_len, head_dim)  float32  as the encoder gave them: one per sentence,
+    cross_value_i (sentences, n_heads, src_len, head_dim) float32  shared by its rows (beams)
+    src_mask     (sentences, src_len)          bool
+    sentence_rows (sentences, group)           int64  each sentence's rows (indexes into batch); group is the
+                                                      most rows a sentence has, and a sentence with fewer
+                                                      repeats one of its rows
+    row_slots    (batch,)                      int64  each row's place in the flattened sentence_rows
  -> log_probs    (batch, tgt_vocab)            float32  log-softmax of the next token
     top_log_probs (batch, top_k)               float32  each row's top_k best log-probs, best first,
     top_ids      (batch, top_k)                int64    and their token ids (top_k = TOP_K + the banned ids,
@@ -29,6 +35,11 @@ preallocated buffer: no step copies the whole cache. Keys and values share one l
 head_dim), so that appending writes contiguous head_dim vectors (a transposed key layout made the
 append a strided scatter, ~100x slower in numpy); ONNX Runtime fuses the graph's Transpose of the keys
 into its MatMul (FusedMatMul), so the transposition costs no copy.
+
+Cross-attention gathers each sentence's rows' queries into one (sentences, n_heads, group, head_dim) block and
+attends with all of them at once over the sentence's one copy of the source keys/values; `row_slots` gathers the
+results back into row order. Beam search thus holds and reads each source once per sentence, not once per beam
+(format 1 took the keys/values per row).
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from dataclasses import asdict, dataclass
 
 from model_export.config import TransformerConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: cross-attention keys/values per sentence, rows grouped by sentence_rows/row_slots
 OPSET = 17
 # The step graph also returns each row's best next tokens: TOP_K of them once pad and the decoder start are
 # dropped (the runtime drops them; it is cheaper than masking the whole distribution in the graph). Greedy and
@@ -62,12 +73,12 @@ class TensorSpec:
         return data
 
 
-def _cross_specs(cfg: TransformerConfig) -> list[TensorSpec]:
+def _cross_specs(cfg: TransformerConfig, batch: str) -> list[TensorSpec]:
     h, dh = cfg.n_heads, cfg.head_dim
     specs = []
     for i in range(cfg.n_decoder_layers):
-        specs.append(TensorSpec(f"cross_key_{i}", "cross_key", "float32", ("batch", h, "src_len", dh), i))
-        specs.append(TensorSpec(f"cross_value_{i}", "cross_value", "float32", ("batch", h, "src_len", dh), i))
+        specs.append(TensorSpec(f"cross_key_{i}", "cross_key", "float32", (batch, h, "src_len", dh), i))
+        specs.append(TensorSpec(f"cross_value_{i}", "cross_value", "float32", (batch, h, "src_len", dh), i))
     return specs
 
 
@@ -79,7 +90,7 @@ def encoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
 
 
 def encoder_outputs(cfg: TransformerConfig) -> list[TensorSpec]:
-    return _cross_specs(cfg)
+    return _cross_specs(cfg, "batch")
 
 
 def decoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
@@ -92,8 +103,10 @@ def decoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
         specs.append(TensorSpec(f"self_key_{i}", "self_key", "float32", ("batch", h, "cache_len", dh), i))
         specs.append(TensorSpec(f"self_value_{i}", "self_value", "float32", ("batch", h, "cache_len", dh), i))
     specs.append(TensorSpec("self_mask", "self_mask", "bool", ("batch", "cache_len")))
-    specs += _cross_specs(cfg)
-    specs.append(TensorSpec("src_mask", "src_mask", "bool", ("batch", "src_len")))
+    specs += _cross_specs(cfg, "sentences")
+    specs.append(TensorSpec("src_mask", "src_mask", "bool", ("sentences", "src_len")))
+    specs.append(TensorSpec("sentence_rows", "sentence_rows", "int64", ("sentences", "group")))
+    specs.append(TensorSpec("row_slots", "row_slots", "int64", ("batch",)))
     return specs
 
 

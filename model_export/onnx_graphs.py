@@ -194,15 +194,19 @@ def _step_self_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: i
 
 
 def _step_cross_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: int, cfg) -> str:
-    name = f"decoder.{i}.cross"
+    """Each sentence's rows attend together over its one copy of the source: the queries are gathered into
+    (N, H, G, Dh) blocks, the results gathered back into row order."""
+    name, h, dh = f"decoder.{i}.cross", cfg.n_heads, cfg.head_dim
     scale = 1.0 / math.sqrt(attn.head_dim)
     bias = None if attn.w_q.bias is None else attn.w_q.bias * scale
     q = g.linear(y, attn.w_q.weight * scale, bias, f"{name}.w_q")  # (B, D)
-    q4 = g.op("Reshape", q, g.ints([-1, cfg.n_heads, 1, cfg.head_dim]))  # (B, H, 1, Dh)
-    keys_t = g.op("Transpose", f"cross_key_{i}", perm=[0, 1, 3, 2])  # (B, H, Dh, S), fused into the MatMul
-    scores = g.op("Add", g.op("MatMul", q4, keys_t), "src_bias4")  # (B, H, 1, S)
-    context = g.op("MatMul", g.op("Softmax", scores, axis=-1), f"cross_value_{i}")  # (B, H, 1, Dh)
-    merged = g.op("Reshape", context, g.ints([-1, cfg.d_model]))  # (B, D)
+    grouped = g.op("Reshape", g.op("Gather", q, "sentence_rows", axis=0), g.ints([0, 0, h, dh]))  # (N, G, H, Dh)
+    q4 = g.op("Transpose", grouped, perm=[0, 2, 1, 3])  # (N, H, G, Dh)
+    keys_t = g.op("Transpose", f"cross_key_{i}", perm=[0, 1, 3, 2])  # (N, H, Dh, S), fused into the MatMul
+    scores = g.op("Add", g.op("MatMul", q4, keys_t), "src_bias4")  # (N, H, G, S)
+    context = g.op("MatMul", g.op("Softmax", scores, axis=-1), f"cross_value_{i}")  # (N, H, G, Dh)
+    slots = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), g.ints([-1, cfg.d_model]))  # (N * G, D)
+    merged = g.op("Gather", slots, "row_slots", axis=0)  # (B, D)
     return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, D)
 
 
@@ -211,7 +215,7 @@ def build_decoder_step(model: Transformer) -> onnx.ModelProto:
     cfg, g = model.cfg, GraphBuilder()
     pre_norm = cfg.norm_position == "pre"
     g.op("Identity", attention_bias(g, "self_mask"), out="self_bias4")  # (B, 1, 1, T)
-    g.op("Identity", attention_bias(g, "src_mask"), out="src_bias4")  # (B, 1, 1, S)
+    g.op("Identity", attention_bias(g, "src_mask"), out="src_bias4")  # (N, 1, 1, S)
     embedded = g.op("Gather", g.const("tgt_embed.lut", _np(model.tgt_embed.lut.weight)), "input_ids")  # (B, D)
     scaled = g.op("Mul", embedded, g.const("tgt_embed.scale", np.float32(model.tgt_embed.scale)))
     x = g.op("Add", scaled, g.op("Gather", g.const("positions.table", _np(model.positions.table)), "positions"))

@@ -1,15 +1,19 @@
 """The decoder's per-row state in preallocated numpy buffers, laid out as the step graph reads them.
 
 Self-attention: each row's earlier steps, left-aligned (slot t holds the row's step t), appended in
-place every step. Cross-attention: each row's source keys/values from the encoder, written once
-when the row joins. Rows are sentences or beams; the cache knows nothing of requests or searches.
+place every step. Cross-attention: each sentence's source keys/values from the encoder, written once
+when it joins and shared by all of its rows (beams): `sentence` maps each row to its sentence, and the
+step graph attends with every sentence's rows grouped (`sentence_rows`, `row_slots`). So beam search
+holds one copy of a source per sentence, not one per beam, and reads it once per step for all its
+beams. Rows are sentences or beams; the cache knows nothing of requests or searches.
 Each layer's keys and values are an array of their own, (B, H, time, Dh): an append writes contiguous
 Dh vectors, and a buffer that grows or shrinks does so one layer at a time, so that the old and the new
 buffer are never both whole in memory (on the paper-size model at beam 4 x 32 that transient set the peak).
 
-The four big buffers have room for more rows than are live (like a growing list), so that rows join, leave
-and follow their parents in place: a continuous batch that a sentence joins at every step never copies the
-whole cache. The step graph gets each layer's first B rows, a contiguous view.
+The four big buffers have room for more rows (sentences) than are live (like a growing list), so that rows
+join, leave and follow their parents in place: a continuous batch that a sentence joins at every step never
+copies the whole cache. The step graph gets each layer's first B rows (N sentences), a contiguous view. When
+sentences leave, the last live sentences' sources move into their places, so that the live ones stay first.
 
 Attention reads every slot of its buffers at every step, so the time and source axes also give back room
 when the rows that needed it leave: a server whose one long sentence has finished must not attend over that
@@ -25,15 +29,15 @@ TIME_AXIS = 2  # of each layer's (R, H, T, Dh) buffer
 BUFFERS = ("self_keys", "self_values", "cross_keys", "cross_values")
 
 
-def _live(name: str) -> property:
-    """The first B (live) rows of one of the four buffers: per layer, a contiguous (B, ...) view."""
-    return property(lambda cache: [layer[: cache.rows] for layer in cache._store[name]])
+def _live(name: str, count: str) -> property:
+    """The live rows (or sentences) of one of the four buffers: per layer, a contiguous (B or N, ...) view."""
+    return property(lambda cache: [layer[: getattr(cache, count)] for layer in cache._store[name]])
 
 
 class DecoderCache:
     def __init__(self, n_layers: int, n_heads: int, head_dim: int) -> None:
         self.n_layers, self.n_heads, self.head_dim = n_layers, n_heads, head_dim
-        self._store = {  # per layer (R, H, T or S, Dh); rows past self.rows are free
+        self._store = {  # per layer (R, H, T, Dh) for rows, (R', H, S, Dh) for sentences; past the live ones: free
             name: [
                 np.zeros((0, n_heads, MIN_CAPACITY if name.startswith("self") else 1, head_dim), np.float32)
                 for _ in range(n_layers)
@@ -42,54 +46,90 @@ class DecoderCache:
         }
         self.self_mask = np.zeros((0, MIN_CAPACITY), np.bool_)  # (B, T)
         self.lengths = np.zeros(0, np.int64)  # (B,) steps cached per row = the position of its next token
-        self.src_mask = np.zeros((0, 1), np.bool_)  # (B, S)
-        self.sources = np.zeros(0, np.int64)  # (B,) which add() call's row each row descends from
-        self._next_source = 0
+        self.sentence = np.zeros(0, np.int64)  # (B,) each row's sentence: its index in the cross buffers
+        self.src_mask = np.zeros((0, 1), np.bool_)  # (N, S) per sentence
+        self._groups: tuple[np.ndarray, np.ndarray] | None = None  # sentence_rows, row_slots of these rows
 
     @property
     def rows(self) -> int:
         return len(self.lengths)
 
     @property
+    def sentences(self) -> int:
+        return self.src_mask.shape[0]
+
+    @property
     def capacity(self) -> int:
         return self.self_mask.shape[1]
 
-    self_keys = _live("self_keys")  # L x (B, H, T, Dh)
-    self_values = _live("self_values")  # L x (B, H, T, Dh)
-    cross_keys = _live("cross_keys")  # L x (B, H, S, Dh)
-    cross_values = _live("cross_values")  # L x (B, H, S, Dh)
+    self_keys = _live("self_keys", "rows")  # L x (B, H, T, Dh)
+    self_values = _live("self_values", "rows")  # L x (B, H, T, Dh)
+    cross_keys = _live("cross_keys", "sentences")  # L x (N, H, S, Dh)
+    cross_values = _live("cross_values", "sentences")  # L x (N, H, S, Dh)
+
+    @property
+    def sentence_rows(self) -> np.ndarray:
+        """(N, G) each sentence's rows, padded by repeating its first (see `group_rows`)."""
+        return self._grouped()[0]
+
+    @property
+    def row_slots(self) -> np.ndarray:
+        """(B,) each row's place in the flattened (N x G) `sentence_rows`."""
+        return self._grouped()[1]
+
+    def _grouped(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._groups is None:
+            self._groups = group_rows(self.sentence, self.sentences)
+        return self._groups
 
     def add(self, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray) -> None:
-        """New rows with no steps yet: cross_keys and cross_values (L, b, H, S', Dh), src_mask (b, S')."""
-        b, width, start = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1]), self.rows
-        self._reserve(start + b, width)
+        """New sentences with one row each and no steps yet: cross_keys and cross_values (L, b, H, S', Dh),
+        src_mask (b, S')."""
+        b, width, first = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1]), self.sentences
+        self._reserve(self.rows + b, first + b, width)
         for name, new in (("cross_keys", cross_keys), ("cross_values", cross_values)):
-            for layer, new_layer in zip(self._store[name], new, strict=True):  # (R, H, S, Dh), (b, H, S', Dh)
-                layer[start : start + b, :, : new_layer.shape[TIME_AXIS]] = new_layer  # the rest is masked
+            for layer, new_layer in zip(self._store[name], new, strict=True):  # (R', H, S, Dh), (b, H, S', Dh)
+                layer[first : first + b, :, : new_layer.shape[TIME_AXIS]] = new_layer  # the rest is masked
         self.src_mask = np.concatenate([widen_mask(self.src_mask, width), widen_mask(src_mask, width)], axis=0)
         self.self_mask = np.concatenate([self.self_mask, np.zeros((b, self.capacity), np.bool_)], axis=0)
         self.lengths = np.concatenate([self.lengths, np.zeros(b, np.int64)])
-        self.sources = np.concatenate([self.sources, np.arange(self._next_source, self._next_source + b)])
-        self._next_source += b
+        self.sentence = np.concatenate([self.sentence, np.arange(first, first + b)])
+        self._groups = None
 
     def select(self, rows: np.ndarray) -> None:
-        """Keep, repeat or reorder rows (beams following their parents, finished rows leaving), in place."""
-        self._reserve(len(rows), self.src_mask.shape[1])
+        """Keep, repeat or reorder rows (beams following their parents, finished rows leaving), in place. A row
+        takes its parent's sentence: no source moves, except those of sentences that must fill the places of
+        sentences no row attends to any more."""
+        self._reserve(len(rows), self.sentences, self.src_mask.shape[1])
         n = len(rows)
         moved = np.flatnonzero(rows != np.arange(n))  # (m,) rows that take another row's state
-        parents = rows[moved]  # (m,)
         filled = int(self.lengths.max(initial=0))  # time slots any row has written
         for name in ("self_keys", "self_values"):
-            self._copy_rows(name, moved, parents, filled)
-        sources = np.append(self.sources, -1)  # rows past the live ones belong to no source
-        changed = sources[parents] != sources[np.minimum(moved, self.rows)]  # (m,) rows that change sentence
-        for name in ("cross_keys", "cross_values"):
-            self._copy_rows(name, moved[changed], parents[changed], self.src_mask.shape[1])
+            self._copy_rows(name, moved, rows[moved], filled)
         self.self_mask = self.self_mask[rows]  # (B', T)
         self.lengths = self.lengths[rows]  # (B',)
-        self.src_mask = self.src_mask[rows]  # (B', S)
-        self.sources = self.sources[rows]  # (B',)
+        self.sentence = self.sentence[rows]  # (B',)
+        self._drop_sentences()
+        self._groups = None
         self._shrink()
+
+    def _drop_sentences(self) -> None:
+        """Sentences that no row attends to leave; the last live ones move into their places (one copy of each
+        mover's source, once), so that the N live sentences stay the buffers' first N."""
+        live = np.zeros(self.sentences, np.bool_)  # (N,)
+        live[self.sentence] = True
+        kept = int(live.sum())
+        if kept == self.sentences:
+            return
+        movers = np.flatnonzero(live[kept:]) + kept  # (m,) live sentences past the new end
+        holes = np.flatnonzero(~live[:kept])  # (m,) the places they take
+        for name in ("cross_keys", "cross_values"):
+            self._copy_rows(name, holes, movers, self.src_mask.shape[1])
+        self.src_mask[holes] = self.src_mask[movers]  # (m, S)
+        self.src_mask = self.src_mask[:kept]  # (N', S) contiguous: the first rows of a C-order array
+        renamed = np.arange(len(live))  # (N,)
+        renamed[movers] = holes
+        self.sentence = renamed[self.sentence]  # (B,)
 
     def _copy_rows(self, name: str, targets: np.ndarray, parents: np.ndarray, width: int) -> None:
         """Rows `targets` take rows `parents`' first `width` time slots, one layer at a time: the temporary is
@@ -115,13 +155,14 @@ class DecoderCache:
         self.self_mask[rows, self.lengths] = True
         self.lengths += 1
 
-    def _reserve(self, rows: int, width: int) -> None:
-        """Room for `rows` rows and sources `width` long: the row axis at least doubles when it grows."""
+    def _reserve(self, rows: int, sentences: int, width: int) -> None:
+        """Room for `rows` rows and `sentences` sources `width` long: a row axis at least doubles when it grows."""
         for name, store in self._store.items():
+            needed = rows if name.startswith("self") else sentences
             reserved, time = store[0].shape[0], store[0].shape[TIME_AXIS]
             wanted = time if name.startswith("self") else max(time, width)
-            if rows > reserved or wanted > time:
-                self._resize(name, max(rows, 2 * reserved) if rows > reserved else reserved, wanted)
+            if needed > reserved or wanted > time:
+                self._resize(name, max(needed, 2 * reserved) if needed > reserved else reserved, wanted)
 
     def _grow(self, capacity: int) -> None:
         self._resize_time(("self_keys", "self_values"), capacity)
@@ -136,11 +177,11 @@ class DecoderCache:
         if 2 * capacity <= self.capacity:
             self._resize_time(("self_keys", "self_values"), capacity)
             self.self_mask = np.ascontiguousarray(self.self_mask[:, :capacity])  # (B, T')
-        used = np.flatnonzero(self.src_mask.any(axis=0))  # (S',) source positions some live row has
+        used = np.flatnonzero(self.src_mask.any(axis=0))  # (S',) source positions some live sentence has
         width = int(used[-1]) + 1 if used.size else 1
         if 2 * width <= self.src_mask.shape[1]:
             self._resize_time(("cross_keys", "cross_values"), width)
-            self.src_mask = np.ascontiguousarray(self.src_mask[:, :width])  # (B, S')
+            self.src_mask = np.ascontiguousarray(self.src_mask[:, :width])  # (N, S')
 
     def _resize_time(self, names: tuple[str, ...], time: int) -> None:
         for name in names:
@@ -149,9 +190,26 @@ class DecoderCache:
     def _resize(self, name: str, rows: int, time: int) -> None:
         """One buffer to (rows, H, time, Dh) per layer, a layer at a time: each old layer is freed as soon as
         its rows are copied."""
-        store = self._store[name]
+        store, live = self._store[name], self.rows if name.startswith("self") else self.sentences
         for i in range(len(store)):
-            store[i] = resized(store[i], rows, time, self.rows)  # (rows, H, time, Dh)
+            store[i] = resized(store[i], rows, time, live)  # (rows, H, time, Dh)
+
+
+def group_rows(sentence: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """What the step graph's cross-attention needs to attend with each sentence's rows together, over one copy of
+    its source: sentence_rows (N, G), each sentence's rows (G: the most any sentence has; a sentence with fewer
+    repeats its first row, whose result no row reads) and row_slots (B,), each row's place in the flattened
+    sentence_rows. Every sentence has a row (the cache drops the others)."""
+    counts = np.bincount(sentence, minlength=n)  # (N,)
+    group = int(counts.max(initial=1))
+    order = np.argsort(sentence, kind="stable")  # (B,) the rows, sentence by sentence
+    first = np.cumsum(counts) - counts  # (N,) where each sentence's rows begin in `order`
+    rank = np.arange(len(order)) - np.repeat(first, counts)  # (B,) rank of order's rows within their sentence
+    row_slots = np.empty(len(order), np.int64)  # (B,)
+    row_slots[order] = sentence[order] * group + rank
+    sentence_rows = np.repeat(order[first], group)  # (N * G,) each sentence's first row everywhere
+    sentence_rows[row_slots] = np.arange(len(order))
+    return sentence_rows.reshape(n, group), row_slots
 
 
 def resized(layer: np.ndarray, rows: int, time: int, live: int) -> np.ndarray:

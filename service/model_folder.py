@@ -19,7 +19,7 @@ from service.errors import ModelFolderError
 
 MANIFEST = "manifest.json"
 FORMAT = "transformer-mt-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(bool)": "bool"}
 
 
@@ -129,8 +129,16 @@ class Manifest(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
-        if self.format_version != FORMAT_VERSION:
-            raise ValueError(f"format_version {self.format_version} is not {FORMAT_VERSION}, the one this server reads")
+        if self.format_version < FORMAT_VERSION:
+            raise ValueError(
+                f"format_version {self.format_version} is older than {FORMAT_VERSION}, the one this server reads: "
+                "export the model folder again with this version's model_export"
+            )
+        if self.format_version > FORMAT_VERSION:
+            raise ValueError(
+                f"format_version {self.format_version} is newer than {FORMAT_VERSION}, the one this server reads: "
+                "run a server as new as the model_export that wrote the folder"
+            )
         if self.default_variant not in self.variants:
             raise ValueError(f"default_variant {self.default_variant!r} is not among variants {sorted(self.variants)}")
         cfg, ids = self.config, self.special_ids

@@ -155,7 +155,10 @@ class OnnxRuntime:
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
         self._enc_out = enc.named("cross_key") + enc.named("cross_value")
         self._dec_in = {role: dec.named(role) for role in ("self_key", "self_value", "cross_key", "cross_value")}
-        self._dec_one = {role: dec.one(role) for role in ("input_ids", "positions", "self_mask", "src_mask")}
+        self._dec_one = {
+            role: dec.one(role)
+            for role in ("input_ids", "positions", "self_mask", "src_mask", "sentence_rows", "row_slots")
+        }
         self._dec_out = [dec.one(role) for role in ("top_log_probs", "top_ids", "step_keys", "step_values")]
         self._dec_log_probs = dec.one("log_probs")
         self.banned, self.top_k = step_candidates(folder, spec)  # never generated; clean candidates per row
@@ -172,13 +175,15 @@ class OnnxRuntime:
             self._dec_one["input_ids"]: input_ids,  # (B,)
             self._dec_one["positions"]: cache.lengths,  # (B,)
             self._dec_one["self_mask"]: cache.self_mask,  # (B, T)
-            self._dec_one["src_mask"]: cache.src_mask,  # (B, S)
+            self._dec_one["src_mask"]: cache.src_mask,  # (N, S)
+            self._dec_one["sentence_rows"]: cache.sentence_rows,  # (N, G)
+            self._dec_one["row_slots"]: cache.row_slots,  # (B,)
         }
         for role, buffer in (
             ("self_key", cache.self_keys), ("self_value", cache.self_values),
             ("cross_key", cache.cross_keys), ("cross_value", cache.cross_values),
         ):
-            feeds.update(zip(self._dec_in[role], buffer, strict=True))  # one (B, ...) view per layer
+            feeds.update(zip(self._dec_in[role], buffer, strict=True))  # one (B or N, ...) view per layer
         top_log_probs, top_ids, *rest = self.decoder.run(self._dec_out + ([self._dec_log_probs] if full else []), feeds)
         top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.banned, self.top_k)
         return StepOutput(top_log_probs, top_ids, *rest)

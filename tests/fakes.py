@@ -39,11 +39,13 @@ class FakeRuntime:
             self.fail_next_step = False
             raise RuntimeError("injected decoder failure")
         history = (cache.self_keys[0][:, 0, :, 0] * cache.self_mask).sum(1)  # (B,)
+        group = cache.sentence_rows.shape[1]  # what the step graph reads: each row's sentence from its slot
+        signatures = cache.cross_keys[0][cache.row_slots // group, 0, 0, 0]  # (B,)
         log_probs = np.stack(
             [
                 row_log_probs(int(sig), int(pos), int(tok), float(h))
                 for sig, pos, tok, h in zip(
-                    cache.cross_keys[0][:, 0, 0, 0], cache.lengths, input_ids, history, strict=True
+                    signatures, cache.lengths, input_ids, history, strict=True
                 )
             ]
         )  # (B, V)

@@ -71,6 +71,36 @@ def test_rows_at_different_steps_share_one_call(exported) -> None:
     assert not rows or cache.lengths.max() == tgt.size(1)
 
 
+def test_sentences_with_any_number_of_rows_share_their_source_in_one_call(exported) -> None:
+    """Rows (beams) of three sentences, interleaved and unequal in number, each attending over its sentence's one
+    copy of the source; then a sentence leaves and the last one's source moves into its place."""
+    model, runtime = exported
+    cfg = model.cfg
+    rng = np.random.default_rng(9)
+    src_ids, src_mask = random_sources(cfg, 3, 10, rng)
+    row_sentence = np.array([1, 0, 2, 0, 2, 0])  # sentence 0 has three rows, 1 one, 2 two
+    tgt = torch.from_numpy(rng.integers(4, cfg.tgt_vocab_size, size=(6, 7)))  # (B, T) a different target per row
+    tgt[:, 0] = cfg.decoder_start_id
+    with torch.no_grad():
+        expected = model(src_ids[row_sentence], src_mask[row_sentence], tgt).numpy()  # (B, T, V)
+    cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
+    memory = runtime.encode(src_ids.numpy(), src_mask.numpy())
+    cache.add(memory.keys, memory.values, src_mask.numpy())
+    cache.select(row_sentence)  # each sentence's one row branches into its rows
+    assert cache.sentences == 3 and cache.sentence_rows.shape == (3, 3)
+    rows = np.arange(6)  # which of tgt's rows each cache row is
+    worst = 0.0
+    for t in range(tgt.size(1)):
+        if t == 3:
+            rows = np.array([0, 2, 4])  # sentence 0's rows leave: sentence 2's source moves to its place
+            cache.select(rows)
+            assert cache.sentences == 2 and cache.sentence.tolist() == [1, 0, 0]
+        out = runtime.step(tgt[rows, t].numpy(), cache, full=True)
+        cache.append(out.step_keys, out.step_values)
+        worst = max(worst, float(np.abs(out.log_probs - expected[rows, t]).max()))
+    assert worst < 1e-4
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_onnx_loop_gives_the_reference_ids(exported, beam_size: int) -> None:
     model, runtime = exported

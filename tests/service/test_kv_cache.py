@@ -1,6 +1,6 @@
 import numpy as np
 
-from service.kv_cache import MIN_CAPACITY, DecoderCache, fitted_capacity
+from service.kv_cache import MIN_CAPACITY, DecoderCache, fitted_capacity, group_rows
 
 
 def memory(rows: int, src_len: int, fill: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -50,18 +50,43 @@ def test_select_reorders_and_drops_and_capacity_grows() -> None:
     assert cache.rows == 1 and cache.self_mask.shape[0] == 1 and stacked(cache.cross_keys).shape[1] == 1
 
 
-def test_beams_reordered_within_a_sentence_keep_the_source_buffers() -> None:
+def test_beams_share_their_sentence_source_and_reorder_without_copying_it() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(2, 3, 1.0))
-    cache.select(np.array([0, 0, 0, 1, 1, 1]))  # two sentences, three beams each
+    cache.select(np.array([0, 0, 0, 1, 1, 1]))  # two sentences, three beams each: still two sources
+    assert stacked(cache.cross_keys).shape[1] == 2 and cache.src_mask.shape == (2, 3)
     for layer in cache.cross_keys:
-        layer[:, 0, 0, 0] = np.arange(6, dtype=np.float32)  # a probe per row, to see any copy
+        layer[:, 0, 0, 0] = [10.0, 11.0]  # a probe per sentence, to see any copy
+    buffer = cache.cross_keys
     cache.append(step(6, 1.0), step(6, 1.0))
-    cache.select(np.array([2, 0, 0, 5, 3, 4]))  # parents within each sentence: no source copy
-    assert stacked(cache.cross_keys)[0, :, 0, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
-    assert cache.sources.tolist() == [0, 0, 0, 1, 1, 1]
-    cache.select(np.array([3, 4]))  # the first sentence left: the source buffers shrink
-    assert stacked(cache.cross_keys).shape[1] == 2 and cache.sources.tolist() == [1, 1]
+    cache.select(np.array([2, 0, 0, 5, 3, 4]))  # parents within each sentence
+    assert cache.sentence.tolist() == [0, 0, 0, 1, 1, 1] and np.shares_memory(cache.cross_keys[0], buffer[0])
+    assert cache.sentence_rows.tolist() == [[0, 1, 2], [3, 4, 5]] and cache.row_slots.tolist() == [0, 1, 2, 3, 4, 5]
+    cache.select(np.array([3, 4]))  # the first sentence left: the second's source takes its place
+    assert stacked(cache.cross_keys)[:, :, 0, 0, 0].tolist() == [[11.0]] * 2 and cache.sentence.tolist() == [0, 0]
+    assert cache.sentence_rows.tolist() == [[0, 1]] and cache.row_slots.tolist() == [0, 1]
+
+
+def test_rows_group_by_sentence_in_any_order_and_number() -> None:
+    rows, slots = group_rows(np.array([1, 1, 0, 2, 2, 2, 0]), 3)
+    assert rows.tolist() == [[2, 6, 2], [0, 1, 0], [3, 4, 5]]  # fewer rows: the first repeated
+    assert slots.tolist() == [3, 4, 0, 6, 7, 8, 1]
+    assert (rows.ravel()[slots] == np.arange(7)).all()  # every row finds itself back
+    rows, slots = group_rows(np.arange(4), 4)  # greedy: one row per sentence
+    assert rows.tolist() == [[0], [1], [2], [3]] and slots.tolist() == [0, 1, 2, 3]
+    rows, slots = group_rows(np.zeros(0, np.int64), 0)
+    assert rows.shape == (0, 1) and slots.shape == (0,)
+
+
+def test_leaving_sentences_are_replaced_by_the_last_live_ones() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    for fill in (1.0, 2.0, 3.0, 4.0, 5.0):
+        cache.add(*memory(1, 2 + int(fill), fill))  # five sentences, sources 3 to 7 long
+    cache.select(np.array([4, 4, 2, 0]))  # sentences 1 and 3 leave; 4 (two beams) moves into 1's place
+    assert cache.sentences == 3 and cache.sentence.tolist() == [1, 1, 2, 0]
+    assert stacked(cache.cross_keys)[0, :, 0, 0, 0].tolist() == [1.0, 5.0, 3.0]
+    assert cache.src_mask.sum(axis=1).tolist() == [3, 7, 5]  # each mask moved with its source
+    assert cache.sentence_rows.tolist() == [[3, 3], [0, 1], [2, 2]]
 
 
 def test_buffers_stay_contiguous_for_the_graphs() -> None:
@@ -105,7 +130,7 @@ def test_a_finished_sentence_hands_its_rows_to_another_sentence_with_its_source(
     cache.select(np.array([0, 0, 1, 1]))  # two beams each
     cache.append(step(4, 5.0), step(4, 5.0))
     cache.select(np.array([2, 3]))  # the first sentence finished: the second's beams move up, with their source
-    assert cache.sources.tolist() == [1, 1]
+    assert cache.sentence.tolist() == [0, 0] and cache.sentences == 1
     assert (stacked(cache.cross_keys) == 2.0).all() and (stacked(cache.cross_values) == 2.0).all()
 
 
@@ -123,8 +148,8 @@ def test_rows_join_and_branch_in_place_while_there_is_room() -> None:
     assert cache.src_mask[2].tolist() == [True, True, False]  # an old row's, masked (never zeroed: it costs)
     cache.select(np.array([0, 0, 0, 1, 2, 3]))  # beams branch past the room: the buffers grow, contents kept
     assert cache.rows == 6 and stacked(cache.self_keys)[0, :4, 0, 0, 0].tolist() == [7.0, 7.0, 7.0, 7.0]
-    assert stacked(cache.cross_keys)[0, :, 0, 0, 0].tolist() == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
-    assert cache.sources.tolist() == [0, 0, 0, 1, 4, 5]
+    assert stacked(cache.cross_keys)[0, :, 0, 0, 0].tolist() == [1.0, 1.0, 2.0, 2.0]  # one source per sentence
+    assert cache.sentence.tolist() == [0, 0, 0, 1, 2, 3]
 
 
 def test_time_and_source_axes_shrink_once_the_rows_that_needed_them_leave() -> None:
