@@ -224,6 +224,10 @@ class State:
         self.handling = 0  # /translate requests admitted past the concurrency check and not yet answered
         self.throughput: dict[str, Throughput] = {}
 
+    def dead_engines(self) -> list[str]:
+        """Models whose decoding loop (engine process or worker thread) has ended on its own."""
+        return sorted(name for name, t in self.registry.translators.items() if not t.scheduler.alive)
+
     def begin_drain(self) -> None:
         """Stop admitting: readiness false, new translations 503 (reason shutting_down); work in flight goes on."""
         if not self.draining:
@@ -251,7 +255,7 @@ class State:
         throughput = self.throughput.get(translator.name)
         if limit <= 0 or throughput is None:
             return
-        wait = throughput.expected_wait(len(translator.scheduler.waiting))
+        wait = throughput.expected_wait(translator.scheduler.queued)
         if wait is not None and wait > limit:
             waiting = "it has not moved lately" if math.isinf(wait) else f"about {wait:.1f} s of work waiting"
             raise Overloaded(
@@ -263,7 +267,7 @@ class State:
     def sample_throughput(self, now: float) -> None:
         for name, translator in self.registry.translators.items():
             finished = self.metrics.registry.get_sample_value("mt_sentences_total", {"model": name}) or 0.0
-            waiting = len(translator.scheduler.waiting)
+            waiting = translator.scheduler.queued
             throughput = self.throughput.setdefault(name, Throughput())
             throughput.sample(now, finished, waiting)
             wait = throughput.expected_wait(waiting)
@@ -542,9 +546,16 @@ def _add_routes(app: FastAPI, state: State) -> None:
         check_metadata_key(settings, request)
         return {"models": [model_card(t, settings) for t in state.registry.translators.values()]}
 
-    @app.get("/health", summary="Liveness: the process answers")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get(
+        "/health",
+        summary="Liveness: the process answers and every model's decoding loop runs",
+        responses={503: {"model": ErrorBody}},
+    )
+    async def health() -> Response:
+        dead = state.dead_engines()
+        if dead:
+            return JSONAnswer({"error": f"the engine of {', '.join(dead)} has exited; restart the server"}, 503)
+        return JSONAnswer({"status": "ok"})
 
     @app.get(
         "/ready",
@@ -552,9 +563,12 @@ def _add_routes(app: FastAPI, state: State) -> None:
         responses={503: {"model": ErrorBody}},
     )
     async def ready() -> Response:
-        if state.ready:
+        dead = state.dead_engines()
+        if state.ready and not dead:
             return JSONAnswer({"status": "ready", "models": sorted(state.registry.translators)})
-        reason = "shutting down" if state.draining else "not ready"
+        reason = "not ready"
+        if state.draining or dead:
+            reason = "shutting down" if state.draining else f"the engine of {', '.join(dead)} has exited"
         retry = {"Retry-After": str(settings.retry_after_seconds)}
         return JSONAnswer({"error": reason}, status_code=503, headers=retry)
 
@@ -578,7 +592,7 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         "target_languages": manifest.target_languages,
         "variant": settings.variant or manifest.default_variant,
         "variants": sorted(manifest.variants),
-        "providers": translator.runtime.providers if hasattr(translator.runtime, "providers") else [],
+        "providers": translator.scheduler.providers,
         "config": manifest.config.model_dump(),
         "provenance": manifest.provenance,
     }

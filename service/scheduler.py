@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.decoding import Hypothesis, Search, SearchOptions, new_search
-from service.engine import TokenRules, advance_all, pad_batch
+from service.engine import TokenRules, advance_all, decode_batch, pad_batch
 from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
 from service.kv_cache import DecoderCache
 from service.metrics import Metrics
@@ -41,6 +41,12 @@ class BatchLimits:
     max_queue: int = 2048  # sentences waiting
     encoder_bucket_ratio: float = 1.5  # newcomers encoded together when their lengths are within this ratio
     overlap_encoder: bool = False  # True: encoder passes run beside the decoder steps (continuous mode only)
+
+
+def fits(limits: BatchLimits, options: SearchOptions, src_len: int) -> bool:
+    """Whether one sentence can ever run under the batch limits (checked before it is queued)."""
+    reserved = options.beam_size * (src_len + options.max_new_tokens)
+    return options.beam_size <= limits.max_rows and reserved <= limits.max_tokens
 
 
 @dataclass
@@ -131,6 +137,7 @@ class Scheduler:
         self._closing = False
         self._stopped = False
         self._last_scan = -WAITING_SCAN_SECONDS
+        self._expired: list[Ticket] = []  # past their deadline, to fail once the queue has let them go
 
     # -- the HTTP side ---------------------------------------------------------------------------
 
@@ -149,14 +156,34 @@ class Scheduler:
             self._lock.notify()
 
     def fits(self, options: SearchOptions, src_len: int) -> bool:
-        """Whether one sentence can ever run under the batch limits (checked before it is queued)."""
-        reserved = options.beam_size * (src_len + options.max_new_tokens)
-        return options.beam_size <= self.limits.max_rows and reserved <= self.limits.max_tokens
+        return fits(self.limits, options, src_len)
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The client went away: the worker drops the ticket's rows at its next step."""
+        ticket.cancelled = True
+
+    @property
+    def queued(self) -> int:
+        """Sentences waiting to be admitted."""
+        return len(self.waiting)
+
+    @property
+    def providers(self) -> list[str]:
+        return list(getattr(self.runtime, "providers", []))
+
+    @property
+    def alive(self) -> bool:
+        """False once the worker thread has ended without being stopped."""
+        return self._stopped or self._thread is None or self._thread.is_alive()
 
     @property
     def idle(self) -> bool:
         with self._lock:
             return not self.waiting and not self.encoding and not self.active
+
+    def warm_up(self, src_ids: list[int]) -> None:
+        """One real translation through both graphs (before `start`): the first runs allocate and prepack."""
+        decode_batch(self.runtime, [src_ids], [SearchOptions(beam_size=2, max_new_tokens=8)], self.rules)
 
     # -- the worker thread -----------------------------------------------------------------------
 
@@ -203,7 +230,9 @@ class Scheduler:
         """One iteration: drop what expired or was abandoned, admit and encode newcomers, let those whose
         encoder pass is done join (waiting for the passes when nothing else could run), run one step."""
         self._drop_expired()
-        self._encode(self._admit())
+        admitted = self._admit()
+        self._expire()
+        self._encode(admitted)
         self._join(wait=not self.active)
         if self.active:
             self._step()
@@ -230,16 +259,31 @@ class Scheduler:
         self.active = [r for r, keep in zip(self.active, alive, strict=True) if keep]
 
     def _alive(self, ticket: Ticket, now: float) -> bool:
+        """Whether the ticket's sentences should still run. One past its deadline is failed by `_expire`, once
+        its sentences have left the queue and the queue's depth is set: an engine process sends that depth
+        ahead of the failure, so the server never sees the answer before the queue it left."""
         if ticket.cancelled and not ticket.finished:
             self.metrics.cancelled.labels(self.model).inc()
             ticket.finished = True  # nobody waits for it any more
         if ticket.abandoned:
             return False
         if now > ticket.deadline:
-            self.metrics.deadline_expired.labels(self.model).inc()
-            ticket.fail(DeadlineExceeded("the request's deadline passed before its translation finished"))
+            if all(t is not ticket for t in self._expired):  # by identity: tickets are dataclasses
+                self._expired.append(ticket)
             return False
         return True
+
+    def _expire(self) -> None:
+        if not self._expired:
+            return
+        expired, self._expired = self._expired, []
+        gone = {id(ticket) for ticket in expired}
+        with self._lock:
+            self.waiting = deque(j for j in self.waiting if id(j.ticket) not in gone)
+            self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
+        for ticket in expired:
+            self.metrics.deadline_expired.labels(self.model).inc()
+            ticket.fail(DeadlineExceeded("the request's deadline passed before its translation finished"))
 
     # -- 2. admission --------------------------------------------------------------------------
 

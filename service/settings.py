@@ -57,6 +57,12 @@ class Settings(BaseSettings):
         "decoder steps, which have intra_op_threads), else intra_op_threads",
     )
 
+    engine_process: bool = Field(
+        True,
+        description="run each model's scheduler and ONNX Runtime sessions in a process of their own, so that the "
+        "decoding loop and the HTTP handling do not take turns on one GIL; false: threads of the server process",
+    )
+
     # -- batching ------------------------------------------------------------------------------
     batching: Literal["continuous", "static"] = Field(
         "continuous", description="continuous: sentences join and leave between decoder steps; static: run to end"

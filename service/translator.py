@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 from service import text
 from service.decoding import Hypothesis, SearchOptions
-from service.engine import TokenRules, decode_batch
+from service.engine import TokenRules
+from service.engine_process import EngineProcess
 from service.errors import InvalidRequest, ModelFolderError, NotFound, TooLarge
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, ModelFolder, load_model_folder
@@ -66,7 +67,12 @@ class Prepared:
 
 
 class Translator:
-    def __init__(self, folder: ModelFolder, runtime: Runtime, settings: Settings, metrics: Metrics) -> None:
+    """`runtime` given: its scheduler runs in this process (tests, and `MT_ENGINE_PROCESS=false`); none: the
+    model's scheduler and sessions run in an engine process of their own (see service/engine_process.py)."""
+
+    def __init__(
+        self, folder: ModelFolder, settings: Settings, metrics: Metrics, runtime: Runtime | None = None
+    ) -> None:
         manifest = folder.manifest
         self.folder, self.runtime, self.settings, self.metrics = folder, runtime, settings, metrics
         self.name, self.version = manifest.name, manifest.version
@@ -77,19 +83,16 @@ class Translator:
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
         _, candidates = step_candidates(folder, folder.variant(settings.variant))  # per row
         self.max_beam = (candidates - 1) // 2  # beam k takes 2k candidates, + 1 for an EOS not allowed yet
-        limits = BatchLimits(
-            static=settings.batching == "static",
-            max_rows=settings.max_batch_rows,
-            max_tokens=settings.max_batch_tokens,
-            max_queue=settings.max_queue_sentences,
-            overlap_encoder=settings.overlap_encoder,
-        )
-        self.scheduler = Scheduler(runtime, self.rules, limits, metrics, self.name)
+        limits = batch_limits(settings)
+        self.scheduler: Scheduler | EngineProcess
+        if runtime is not None:
+            self.scheduler = Scheduler(runtime, self.rules, limits, metrics, self.name)
+        else:
+            self.scheduler = EngineProcess(folder.path, settings, self.rules, limits, metrics, self.name)
 
     def warm_up(self) -> None:
         """One real translation through both graphs before the server says it is ready."""
-        ids = self.tokenizer.encode("Hello world.", self.target_languages[0])
-        decode_batch(self.runtime, [ids], [SearchOptions(beam_size=2, max_new_tokens=8)], self.rules)
+        self.scheduler.warm_up(self.tokenizer.encode("Hello world.", self.target_languages[0]))
 
     # -- preparing a request (in a worker thread when it is long: see INLINE_CHARS) ---------------
 
@@ -160,7 +163,7 @@ class Translator:
         try:
             await asyncio.shield(done)
         except asyncio.CancelledError:
-            ticket.cancelled = True  # the client went away: the scheduler drops its rows
+            self.scheduler.cancel(ticket)  # the client went away: the scheduler drops its rows
             raise
         if ticket.error is not None:
             raise ticket.error
@@ -250,27 +253,37 @@ def model_folders(settings: Settings) -> list[Path]:
     return found
 
 
-def load_translators(settings: Settings, metrics: Metrics) -> list[Translator]:
+def batch_limits(settings: Settings) -> BatchLimits:
+    return BatchLimits(
+        static=settings.batching == "static",
+        max_rows=settings.max_batch_rows,
+        max_tokens=settings.max_batch_tokens,
+        max_queue=settings.max_queue_sentences,
+        overlap_encoder=settings.overlap_encoder,
+    )
+
+
+def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:
     session = SessionSettings(
         settings.ort_providers(),
         settings.intra_op_threads,
         settings.inter_op_threads,
         encoder_threads=settings.encoder_session_threads(),
     )
+    return OnnxRuntime(folder, settings.variant, session)
+
+
+def load_translators(settings: Settings, metrics: Metrics) -> list[Translator]:
     translators = []
     for path in model_folders(settings):
         folder = load_model_folder(path, settings.verify_checksums)
-        runtime = OnnxRuntime(folder, settings.variant, session)
-        translator = Translator(folder, runtime, settings, metrics)
+        runtime = None if settings.engine_process else open_runtime(folder, settings)
+        translator = Translator(folder, settings, metrics, runtime)
         variant = settings.variant or folder.manifest.default_variant
-        metrics.model_info.labels(translator.name, translator.version, variant, runtime.providers[0]).set(1)
-        log.info(
-            "loaded model %s %s (%s, %s) from %s",
-            translator.name,
-            translator.version,
-            variant,
-            runtime.providers[0],
-            path,
-        )
+        provider = translator.scheduler.providers[0]
+        metrics.model_info.labels(translator.name, translator.version, variant, provider).set(1)
+        where = "an engine process" if settings.engine_process else "the server process"
+        name, version = translator.name, translator.version
+        log.info("loaded model %s %s (%s, %s) in %s from %s", name, version, variant, provider, where, path)
         translators.append(translator)
     return translators

@@ -197,18 +197,15 @@ def fail_first_call(function: Callable[..., object]) -> Callable[..., object]:
     return failing
 
 
-def test_inference_failure_is_500_for_that_batch_only(client: TestClient) -> None:
-    translator = client.app.state.service.registry.translators["tiny-en-fr"]
-    real_step = translator.runtime.step
-    translator.runtime.step = fail_first_call(real_step)
-    try:
+def test_inference_failure_is_500_for_that_batch_only(model_dir: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir, engine_process=False))) as client:  # to reach the runtime
+        translator = client.app.state.service.registry.translators["tiny-en-fr"]
+        translator.runtime.step = fail_first_call(translator.runtime.step)
         response = client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"})
         assert response.status_code == 500 and response.json() == {"error": "inference failed: RuntimeError"}
         assert (
             client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
         )
-    finally:
-        translator.runtime.step = real_step
 
 
 def test_openapi_documents_the_translate_body(client: TestClient) -> None:

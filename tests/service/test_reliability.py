@@ -51,18 +51,15 @@ def client(model_dir: Path) -> Iterator[TestClient]:
 # -- faults, in-process ------------------------------------------------------------------------------
 
 
-def test_an_encoder_failure_is_500_for_its_request_only(client: TestClient) -> None:
-    translator = service_state(client).registry.translators[MODEL]
-    real_encode = translator.runtime.encode
-    translator.runtime.encode = fail_first_call(real_encode)
-    try:
+def test_an_encoder_failure_is_500_for_its_request_only(model_dir: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir, engine_process=False))) as client:  # to reach the runtime
+        translator = service_state(client).registry.translators[MODEL]
+        translator.runtime.encode = fail_first_call(translator.runtime.encode)
         response = client.post("/translate", json=NORMAL)
         assert response.status_code == 500 and response.json() == {"error": "inference failed: RuntimeError"}
         assert metric(client.get("/metrics").text, "mt_inference_errors_total", f'{{model="{MODEL}"}}') >= 1
         assert client.get("/ready").status_code == 200
         answers_normally(client)
-    finally:
-        translator.runtime.encode = real_encode
 
 
 def test_a_body_sent_in_chunks_is_held_to_the_size_limit(model_dir: Path) -> None:

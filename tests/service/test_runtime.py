@@ -36,7 +36,7 @@ def test_the_encoder_runs_on_one_thread_beside_continuous_decoder_steps(
 ) -> None:
     monkeypatch.setenv("MT_MODELS_DIR", str(model_dir.parent))
     monkeypatch.setenv("MT_MODELS", model_dir.name)
-    settings = Settings(batching=batching, intra_op_threads=2)
+    settings = Settings(batching=batching, intra_op_threads=2, engine_process=False)  # to reach the sessions
     [translator] = load_translators(settings, Metrics())
     runtime = translator.runtime
     assert runtime.encoder.get_session_options().intra_op_num_threads == encoder_threads

@@ -1,0 +1,386 @@
+"""A model's scheduler and ONNX Runtime sessions in a process of their own (`MT_ENGINE_PROCESS`, on by default).
+
+In one process, the HTTP side (uvicorn, FastAPI, text and tokens: ~0.9 ms of Python per request) and the
+decoding loop (~2 ms of Python per step between graph runs) take turns on one GIL: on the default model at 32
+clients the server used 1.5 of 2 cores and delivered 72 % of what the scheduler alone delivers. Here the HTTP
+process keeps the text path and the tokenizer; the engine process gets token ids and search options and sends
+back hypotheses. The server process talks to it through `EngineProcess`, which offers what the Translator and
+the API use of an in-process `Scheduler`.
+
+Messages are pickled tuples over a multiprocessing Pipe:
+    server -> engine: ("warm_up", src_ids), ("submit", key, deadline, [(src_ids, options), ...]),
+                      ("cancel", key), ("close",), ("stop", timeout)
+    engine -> server: ("ready", providers) or ("failed", message) once, at start; ("warmed", error or None);
+                      ("metrics", updates); ("done", key, results, queue_seconds);
+                      ("error", key, kind, message, reason); ("stopped",)
+Deadlines are `time.monotonic()` values: one clock for every process of a machine. The engine's metric updates
+are recorded and replayed on the server's registry (before each result and every METRICS_SECONDS), so /metrics
+stays one registry. The engine process ignores SIGINT (Ctrl-C reaches the whole process group; the server drains
+first, then stops it) and exits when told to or when its pipe closes; SIGTERM ends it at once (under systemd, use
+KillMode=mixed so that only the server gets it). If it dies, its requests fail with 500 and the server reports
+itself not alive (/health 503) so that a supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing as mp
+import signal
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from service import errors
+from service.decoding import SearchOptions
+from service.engine import TokenRules
+from service.errors import InferenceError, ModelFolderError, Overloaded, ServiceError
+from service.metrics import Metrics
+from service.model_folder import load_model_folder
+from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket, fits
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+METRICS_SECONDS = 0.1  # the longest an engine's metric update waits to reach the server's registry
+STOP_MARGIN_SECONDS = 10.0  # past the drain timeout, before a stopped engine process is killed
+
+
+class EngineProcess:
+    """The server's handle on one model's engine process."""
+
+    def __init__(
+        self, folder: Path, settings: Settings, rules: TokenRules, limits: BatchLimits, metrics: Metrics, model: str
+    ) -> None:
+        self.limits, self.metrics, self.model = limits, metrics, model
+        self.queued = 0  # sentences waiting in the engine, as its last metric update said
+        self._tickets: dict[int, Ticket] = {}
+        self._keys: dict[int, int] = {}  # id(ticket) -> key
+        self._next_key = itertools.count()
+        self._lock = threading.Lock()  # the two dicts, and sends
+        self._closing = self._stopping = False
+        context = mp.get_context("spawn")  # a fresh interpreter: forking a process with ONNX Runtime threads is unsafe
+        self._conn, child = context.Pipe()
+        self._process = context.Process(
+            target=serve, args=(folder, settings, rules, limits, model, child), name=f"engine-{model}", daemon=True
+        )
+        self._process.start()
+        child.close()
+        self.providers = self._await_ready()
+        self._ended = threading.Event()  # the engine said it stopped, or its pipe closed
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: threading.Thread | None = None
+
+    def _await_ready(self) -> list[str]:
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            self._process.join(5)
+            raise ServiceError(
+                f"the engine process of model {self.model} exited while loading (exit code {self._process.exitcode})"
+            ) from None
+        if message[0] == "failed":
+            self._process.join(5)
+            raise ModelFolderError(message[1])
+        return list(message[1])
+
+    # -- what the Translator and the API use ---------------------------------------------------------
+
+    def fits(self, options: SearchOptions, src_len: int) -> bool:
+        return fits(self.limits, options, src_len)
+
+    @property
+    def alive(self) -> bool:
+        return self._stopping or self._process.is_alive()
+
+    def start(self) -> None:
+        """Start reading the engine's messages: on the running event loop when there is one (the server: no
+        thread, no hop between threads, no second thread wanting the GIL), else on a thread of its own."""
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._reader = threading.Thread(target=self._read_all, name=f"engine-reader-{self.model}", daemon=True)
+            self._reader.start()
+        else:
+            self._loop.add_reader(self._conn.fileno(), self._read_ready)
+
+    def warm_up(self, src_ids: list[int]) -> None:
+        """One real translation through the engine's graphs (outside its scheduler and metrics), before `start`."""
+        self._send(("warm_up", src_ids))
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                raise ServiceError(f"the engine process of model {self.model} exited while warming up") from None
+            if message[0] == "warmed":
+                break
+            self._handle(message)
+        if message[1] is not None:
+            raise ServiceError(f"the engine of model {self.model} failed to warm up: {message[1]}")
+
+    def submit(self, jobs: list[SentenceJob]) -> None:
+        """Hands a request's sentences (all of one ticket) to the engine; its queue answers Overloaded when full."""
+        ticket = jobs[0].ticket
+        with self._lock:
+            if self._closing:
+                raise Overloaded("the server is shutting down; retry on another instance", "shutting_down")
+            if not self._process.is_alive():
+                raise Overloaded(f"the engine process of model {self.model} has exited", "not_ready")
+            key = next(self._next_key)
+            self._tickets[key], self._keys[id(ticket)] = ticket, key
+            payload = [(job.src_ids, job.options) for job in sorted(jobs, key=lambda j: j.index)]
+            self._conn.send(("submit", key, ticket.deadline, payload))
+
+    def cancel(self, ticket: Ticket) -> None:
+        ticket.cancelled = True
+        with self._lock:
+            key = self._keys.pop(id(ticket), None)
+            if key is not None:
+                self._tickets.pop(key, None)
+                self._send(("cancel", key))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._send(("close",))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Let the engine finish its work for up to `timeout` seconds, then end it; what is left fails."""
+        with self._lock:
+            self._closing = self._stopping = True
+            self._send(("stop", timeout))
+        if self._loop is None and self._reader is None:  # never started: nobody else reads
+            self._read_all()
+        self._ended.wait(timeout + STOP_MARGIN_SECONDS)
+        self._process.join(STOP_MARGIN_SECONDS)
+        if self._process.is_alive():
+            log.error("the engine process of model %s did not stop; killing it", self.model)
+            self._process.kill()
+            self._process.join()
+        self._fail_all(Overloaded("the server stopped before this request finished", "shutting_down"))
+
+    def _send(self, message: tuple) -> None:
+        with contextlib.suppress(OSError, ValueError):  # the engine is gone: the reader fails what it had
+            self._conn.send(message)
+
+    # -- the engine's messages ----------------------------------------------------------------------------
+
+    def _read_ready(self) -> None:
+        """The pipe is readable (on the event loop): every message already there."""
+        try:
+            while self._conn.poll():
+                if not self._handle(self._conn.recv()):
+                    break
+        except (EOFError, OSError):
+            self._end()
+
+    def _read_all(self) -> None:
+        try:
+            while self._handle(self._conn.recv()):
+                pass
+        except (EOFError, OSError):
+            self._end()
+
+    def _handle(self, message: tuple[Any, ...]) -> bool:
+        """One message from the engine; False once it has stopped."""
+        kind = message[0]
+        if kind == "metrics":
+            self._replay(message[1])
+        elif kind == "done":
+            ticket = self._pop(message[1])
+            if ticket is not None:
+                ticket.queue_seconds = message[3]
+                for index, hypotheses in enumerate(message[2]):
+                    ticket.deliver(index, hypotheses)
+        elif kind == "error":
+            ticket = self._pop(message[1])
+            if ticket is not None:
+                ticket.fail(rebuilt_error(*message[2:]))
+        elif kind == "stopped":
+            self._end()
+            return False
+        return True
+
+    def _end(self) -> None:
+        """No more messages: the engine stopped, or its process is gone."""
+        if self._ended.is_set():
+            return
+        if self._loop is not None:
+            self._loop.remove_reader(self._conn.fileno())
+        if not self._stopping:
+            self._process.join(1.0)
+            log.critical("the engine process of model %s exited (exit code %s)", self.model, self._process.exitcode)
+            self._fail_all(InferenceError(f"the engine process of model {self.model} exited"))
+        self._ended.set()
+
+    def _pop(self, key: int) -> Ticket | None:
+        with self._lock:
+            ticket = self._tickets.pop(key, None)
+            if ticket is not None:
+                self._keys.pop(id(ticket), None)
+            return ticket
+
+    def _fail_all(self, error: ServiceError) -> None:
+        with self._lock:
+            tickets = list(self._tickets.values())
+            self._tickets.clear()
+            self._keys.clear()
+        for ticket in tickets:
+            ticket.fail(error)
+
+    def _replay(self, updates: list[tuple[str, tuple[str, ...], str, float]]) -> None:
+        for name, labels, method, value in updates:
+            getattr(getattr(self.metrics, name).labels(*labels), method)(value)
+            if name == "queue_depth":
+                self.queued = int(value)
+
+
+def rebuilt_error(kind: str, message: str, reason: str | None) -> ServiceError:
+    """An engine-side ServiceError, rebuilt in the server (exceptions do not all pickle)."""
+    if kind == "Overloaded":
+        return Overloaded(message, reason or "queue_full")
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, ServiceError):
+        return cls(message)
+    return InferenceError(message)
+
+
+# -- the engine process ------------------------------------------------------------------------------------
+
+
+class MetricsRecorder:
+    """Stands in for Metrics in the engine process: `recorder.step_rows.labels(model).observe(v)` records the
+    update for the server to replay on its registry."""
+
+    def __init__(self) -> None:
+        self._updates: list[tuple[str, tuple[str, ...], str, float]] = []
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> _Family:
+        return _Family(self, name)
+
+    def record(self, update: tuple[str, tuple[str, ...], str, float]) -> None:
+        with self._lock:
+            self._updates.append(update)
+
+    def take(self) -> list[tuple[str, tuple[str, ...], str, float]]:
+        with self._lock:
+            updates, self._updates = self._updates, []
+        return updates
+
+
+class _Family:
+    def __init__(self, recorder: MetricsRecorder, name: str) -> None:
+        self.recorder, self.name = recorder, name
+
+    def labels(self, *values: str) -> _Child:
+        return _Child(self.recorder, self.name, values)
+
+
+class _Child:
+    def __init__(self, recorder: MetricsRecorder, name: str, labels: tuple[str, ...]) -> None:
+        self.recorder, self.name, self.label_values = recorder, name, labels
+
+    def observe(self, value: float) -> None:
+        self.recorder.record((self.name, self.label_values, "observe", value))
+
+    def inc(self, value: float = 1.0) -> None:
+        self.recorder.record((self.name, self.label_values, "inc", value))
+
+    def set(self, value: float) -> None:
+        self.recorder.record((self.name, self.label_values, "set", value))
+
+
+class _Outbox:
+    """The engine's side of the pipe: sends from several threads, metric updates always ahead of results."""
+
+    def __init__(self, conn: Connection, recorder: MetricsRecorder) -> None:
+        self.conn, self.recorder, self._lock = conn, recorder, threading.Lock()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            updates = self.recorder.take()
+            try:
+                if updates:
+                    self.conn.send(("metrics", updates))
+                self.conn.send(message)
+            except (OSError, ValueError):  # the server is gone; the main loop sees it too and ends
+                pass
+
+    def flush(self) -> None:
+        with self._lock:
+            updates = self.recorder.take()
+            if updates:
+                with contextlib.suppress(OSError, ValueError):
+                    self.conn.send(("metrics", updates))
+
+
+def serve(
+    folder: Path, settings: Settings, rules: TokenRules, limits: BatchLimits, model: str, conn: Connection
+) -> None:
+    """The engine process's main: load, warm, report ready, then take messages until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server drains it
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from service.translator import open_runtime  # the server process never imports ONNX Runtime's sessions here
+
+    recorder = MetricsRecorder()
+    outbox = _Outbox(conn, recorder)
+    try:
+        runtime = open_runtime(load_model_folder(folder, verify_checksums=False), settings)  # the server checked
+        scheduler = Scheduler(runtime, rules, limits, recorder, model)  # type: ignore[arg-type]
+        scheduler.start()
+    except Exception as error:  # noqa: BLE001 - reported to the server, which stops with the message
+        outbox.send(("failed", f"{folder}: {error}"))
+        return
+    outbox.send(("ready", runtime.providers))
+    stopped = threading.Event()
+    threading.Thread(target=_flush_metrics, args=(outbox, stopped), name="engine-metrics", daemon=True).start()
+    tickets: dict[int, Ticket] = {}
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the server is gone
+            scheduler.stop(0.0)
+            return
+        kind = message[0]
+        if kind == "submit":
+            _, key, deadline, payload = message
+            ticket = Ticket(len(payload), deadline, lambda t, key=key: _finished(outbox, tickets, key, t))
+            tickets[key] = ticket
+            try:
+                scheduler.submit([SentenceJob(ids, options, ticket, i) for i, (ids, options) in enumerate(payload)])
+            except ServiceError as error:
+                ticket.fail(error)
+        elif kind == "cancel":
+            cancelled = tickets.pop(message[1], None)
+            if cancelled is not None:
+                scheduler.cancel(cancelled)
+        elif kind == "warm_up":
+            try:
+                scheduler.warm_up(message[1])
+                outbox.send(("warmed", None))
+            except Exception as error:  # noqa: BLE001 - the server stops with the message
+                outbox.send(("warmed", f"{type(error).__name__}: {error}"))
+        elif kind == "close":
+            scheduler.close()
+        elif kind == "stop":
+            scheduler.stop(message[1])
+            stopped.set()
+            outbox.send(("stopped",))
+            return
+
+
+def _finished(outbox: _Outbox, tickets: dict[int, Ticket], key: int, ticket: Ticket) -> None:
+    tickets.pop(key, None)
+    if ticket.error is not None:
+        error = ticket.error
+        outbox.send(("error", key, type(error).__name__, str(error), getattr(error, "reason", None)))
+    else:
+        outbox.send(("done", key, ticket.results, ticket.queue_seconds))
+
+
+def _flush_metrics(outbox: _Outbox, stopped: threading.Event) -> None:
+    while not stopped.wait(METRICS_SECONDS):
+        outbox.flush()

@@ -1,0 +1,128 @@
+"""The engine process (MT_ENGINE_PROCESS, the default): a model's scheduler and sessions in a process of their
+own. Its answers, errors, metrics and cancellations reach the server as they would in one process; a folder it
+cannot load stops the start with its message; its death fails its requests and the server's liveness, and
+the server stops it on the way out."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+from service.engine_process import EngineProcess, rebuilt_error
+from service.errors import DeadlineExceeded, InferenceError, ModelFolderError, Overloaded
+from service.metrics import Metrics
+from service.scheduler import SentenceJob, Ticket
+from service.translator import TranslateOptions, Translator, load_translators
+from tests.service.test_api import settings_for
+from tests.service.test_e2e import metric
+
+NORMAL = {"q": "Open the file.", "source": "en", "target": "fr"}
+MODEL = '{model="tiny-en-fr"}'
+
+
+def engine(client: TestClient) -> EngineProcess:
+    scheduler = client.app.state.service.registry.translators["tiny-en-fr"].scheduler
+    assert isinstance(scheduler, EngineProcess)
+    return scheduler
+
+
+def test_translations_and_metrics_come_back_from_the_engine(model_dir: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir))) as client:
+        process = engine(client)._process
+        assert process.is_alive() and process.pid != os.getpid()
+        in_process = TestClient(create_app(settings_for(model_dir, engine_process=False)))
+        with in_process:
+            expected = in_process.post("/translate", json={**NORMAL, "beam_size": 3}).json()
+        answer = client.post("/translate", json={**NORMAL, "beam_size": 3})
+        assert answer.status_code == 200
+        got = answer.json()
+        for body in (got, expected):  # timings differ; all else is equal
+            assert all(0 <= body["usage"].pop(key) < 5 for key in ("queue_seconds", "total_seconds"))
+        assert got == expected
+        metrics = client.get("/metrics").text  # the engine's updates are replayed before its answer
+        assert metric(metrics, "mt_sentences_total", MODEL) == 1
+        assert metric(metrics, "mt_decoder_step_rows_count", MODEL) >= 1
+        assert metric(metrics, "mt_generated_tokens_total", MODEL) == answer.json()["usage"]["output_tokens"]
+        assert client.get("/v1/models").json()["models"][0]["providers"] == ["CPUExecutionProvider"]
+    assert not process.is_alive()  # stopped with the server
+
+
+def test_a_full_engine_queue_is_503_from_the_engine(model_dir: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir, max_queue_sentences=2))) as client:
+        refused = client.post("/translate", json={**NORMAL, "q": "One. Two. Three."})
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json() == {"error": "the queue is full (2 sentences waiting); retry later"}
+        assert client.post("/translate", json=NORMAL).status_code == 200
+
+
+def test_engine_errors_are_rebuilt_as_the_service_errors_they_were() -> None:
+    overloaded = rebuilt_error("Overloaded", "the server is shutting down", "shutting_down")
+    assert isinstance(overloaded, Overloaded) and overloaded.reason == "shutting_down"
+    assert isinstance(rebuilt_error("DeadlineExceeded", "late", None), DeadlineExceeded)
+    unknown = rebuilt_error("KeyError", "boom", None)  # anything else is an inference failure
+    assert isinstance(unknown, InferenceError) and str(unknown) == "boom"
+
+
+def test_a_cancelled_request_leaves_the_engine(model_dir: Path) -> None:
+    settings = settings_for(model_dir, max_batch_rows=4)
+    [translator] = load_translators(settings, Metrics())
+    scheduler = translator.scheduler
+    assert isinstance(scheduler, EngineProcess)
+    scheduler.start()  # no event loop here: a reader thread
+    try:
+        prepared = translator.prepare(["Open the file. " * 40], "fr", TranslateOptions(beam_size=4))
+        done = threading.Event()
+        ticket = Ticket(len(prepared.jobs), time.monotonic() + 60, lambda _: done.set())
+        pairs = enumerate(zip(prepared.jobs, prepared.options, strict=True))
+        scheduler.submit([SentenceJob(ids, o, ticket, i) for i, (ids, o) in pairs])
+        scheduler.cancel(ticket)
+        deadline = time.monotonic() + 10
+        while metric_value(translator, "cancelled") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric_value(translator, "cancelled") == 1 and not done.is_set()
+        assert ticket_count(scheduler) == 0
+    finally:
+        scheduler.stop(1.0)
+
+
+def metric_value(translator: Translator, name: str) -> float:
+    return getattr(translator.metrics, name).labels(translator.name)._value.get()
+
+
+def ticket_count(scheduler: EngineProcess) -> int:
+    return len(scheduler._tickets)
+
+
+def test_an_engine_that_dies_fails_its_requests_and_the_liveness_check(model_dir: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir))) as client:
+        assert client.get("/health").status_code == 200
+        os.kill(engine(client)._process.pid, signal.SIGKILL)
+        engine(client)._process.join(10)
+        deadline = time.monotonic() + 10
+        while client.get("/health").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        health = client.get("/health")
+        assert health.status_code == 503
+        assert health.json() == {"error": "the engine of tiny-en-fr has exited; restart the server"}
+        assert client.get("/ready").json() == {"error": "the engine of tiny-en-fr has exited"}
+        refused = client.post("/translate", json=NORMAL)
+        assert refused.status_code == 503
+        assert refused.json() == {"error": "the engine process of model tiny-en-fr has exited"}
+
+
+def test_a_graph_the_engine_cannot_load_stops_the_start_with_its_message(model_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / model_dir.name
+    shutil.copytree(model_dir, broken)
+    graph = broken / "decoder_step.onnx"
+    graph.write_bytes(b"\0" * graph.stat().st_size)  # same size: only the checksum (off here) would tell
+    settings = settings_for(broken, verify_checksums=False)
+    with pytest.raises(ModelFolderError, match=f"{broken}: .*"):
+        load_translators(settings, Metrics())
