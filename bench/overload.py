@@ -1,7 +1,7 @@
 """Overload benchmark: the real server on loopback, its sustainable rate measured (closed loop, 32 clients),
 then open-loop (Poisson) arrivals at normal load, at 4x the sustainable rate, and at normal load again. Per
 phase: the 503 share, how fast a refusal comes (time-to-503), p50/p99 of the admitted requests, other errors
-and the server's resident memory (VmRSS); then recovery in 5 s windows and memory over time.
+and the server's resident memory (VmRSS, its engine processes included); then recovery in 5 s windows and memory over time.
 
     python -m bench.overload                         # about 2 minutes after the model is ready
     python -m bench.overload --overload-seconds 10 --calibrate-seconds 5 --normal-seconds 10   # a short run
@@ -175,11 +175,28 @@ async def open_loop(
 
 
 def rss_mb(pid: int) -> float:
-    """The process's resident memory (VmRSS), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """The server's resident memory (VmRSS), in MB: its own and its children's (the engine processes)."""
+    total = 0.0
+    for process in [pid, *children(pid)]:
+        try:
+            lines = Path(f"/proc/{process}/status").read_text().splitlines()
+        except OSError:  # it just exited
+            continue
+        total += next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:")), 0.0)
+    return total if total else float("nan")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 @dataclass
