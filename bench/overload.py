@@ -1,7 +1,8 @@
 """Overload benchmark: the real server on loopback, its sustainable rate measured (closed loop, 32 clients),
 then open-loop (Poisson) arrivals at normal load, at 4x the sustainable rate, and at normal load again. Per
 phase: the 503 share, how fast a refusal comes (time-to-503), p50/p99 of the admitted requests, other errors
-and the server's resident memory (VmRSS, its engine processes included); then recovery in 5 s windows and memory over time.
+and the server's resident memory (VmRSS, its engine processes included); then recovery in 5 s windows and memory
+over time.
 
     python -m bench.overload                         # about 2 minutes after the model is ready
     python -m bench.overload --overload-seconds 10 --calibrate-seconds 5 --normal-seconds 10   # a short run

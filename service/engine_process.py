@@ -99,12 +99,12 @@ class EngineProcess:
         """Start reading the engine's messages: on the running event loop when there is one (the server: no
         thread, no hop between threads, no second thread wanting the GIL), else on a thread of its own."""
         try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
+            loop = asyncio.get_running_loop()
+            loop.add_reader(self._conn.fileno(), self._read_ready)
+            self._loop = loop
+        except (RuntimeError, NotImplementedError):  # no running loop, or one without add_reader (Windows)
             self._reader = threading.Thread(target=self._read_all, name=f"engine-reader-{self.model}", daemon=True)
             self._reader.start()
-        else:
-            self._loop.add_reader(self._conn.fileno(), self._read_ready)
 
     def warm_up(self, src_ids: list[int]) -> None:
         """One real translation through the engine's graphs (outside its scheduler and metrics), before `start`."""
