@@ -14,7 +14,7 @@ from types import FrameType
 import uvicorn
 
 from service.api import RequestIdFilter, State, create_app
-from service.errors import ModelFolderError
+from service.errors import ServiceError
 from service.metrics import Metrics
 from service.settings import Settings
 from service.translator import load_translators
@@ -39,6 +39,14 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.state, self.grace = state, grace
         self.drain_requested_at: float | None = None
+        self.failed = False
+        state.on_fatal = self.fail
+
+    def fail(self) -> None:
+        """A model can no longer translate (its engine died): drain as on SIGTERM, then exit with status 1."""
+        self.failed = True
+        if self.drain_requested_at is None:
+            self.drain_requested_at = time.monotonic()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_requested_at is None:  # inside a signal handler: only note it, on_tick does the work
@@ -69,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = Metrics()
     try:  # load and check every model folder before listening: a broken folder stops the start here
         translators = load_translators(settings, metrics)
-    except ModelFolderError as error:
+    except ServiceError as error:  # a broken model folder, or an engine process that could not start
         logging.getLogger("service").error("cannot start: %s", error)
         return 1
     app = create_app(settings, translators, metrics)
@@ -90,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop_signal, lambda *_: None)
     server.run()
-    return 0 if server.started else 1
+    return 0 if server.started and not server.failed else 1
 
 
 if __name__ == "__main__":

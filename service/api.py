@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.admission import Throughput
+from service.engine_process import EngineProcess
 from service.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -223,6 +224,15 @@ class State:
         self.draining = False  # SIGTERM seen: /ready and /translate answer 503 until the process exits
         self.handling = 0  # /translate requests admitted past the concurrency check and not yet answered
         self.throughput: dict[str, Throughput] = {}
+        self.on_fatal: Callable[[], None] | None = None  # the process's way out (python -m service: drain, exit 1)
+
+    def engine_exited(self, model: str) -> None:
+        """A model's engine died: stop admitting, and let the process end so that a supervisor restarts it."""
+        log.critical("model %s can no longer translate; the server stops admitting requests", model)
+        self.ready = False
+        self.metrics.ready.set(0)
+        if self.on_fatal is not None:
+            self.on_fatal()
 
     def dead_engines(self) -> list[str]:
         """Models whose decoding loop (engine process or worker thread) has ended on its own."""
@@ -241,6 +251,10 @@ class State:
         if self.draining:
             raise Overloaded("the server is shutting down; retry on another instance", "shutting_down", retry)
         if not self.ready:
+            dead = self.dead_engines()
+            if dead:
+                message = f"the engine of {', '.join(dead)} has exited; retry on another instance"
+                raise Overloaded(message, "not_ready", retry)
             raise Overloaded("the server is not ready yet", "not_ready", retry)
         if self.handling >= self.settings.max_concurrent_requests:
             raise Overloaded(
@@ -296,6 +310,8 @@ def create_app(
         for translator in loaded:
             await asyncio.to_thread(translator.warm_up)
             translator.scheduler.start()
+            if isinstance(translator.scheduler, EngineProcess):
+                translator.scheduler.on_exit = lambda name=translator.name: state.engine_exited(name)
         state.registry = Registry(loaded)
         state.ready = not state.draining
         metrics.ready.set(int(state.ready))

@@ -17,8 +17,8 @@ Deadlines are `time.monotonic()` values: one clock for every process of a machin
 are recorded and replayed on the server's registry (before each result and every METRICS_SECONDS), so /metrics
 stays one registry. The engine process ignores SIGINT (Ctrl-C reaches the whole process group; the server drains
 first, then stops it) and exits when told to or when its pipe closes; SIGTERM ends it at once (under systemd, use
-KillMode=mixed so that only the server gets it). If it dies, its requests fail with 500 and the server reports
-itself not alive (/health 503) so that a supervisor restarts it.
+KillMode=mixed so that only the server gets it). If it dies, its requests fail with 500, /health and /ready
+answer 503, and `python -m service` drains and exits with status 1, so that a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import logging
 import multiprocessing as mp
 import signal
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ class EngineProcess:
         self._ended = threading.Event()  # the engine said it stopped, or its pipe closed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: threading.Thread | None = None
+        self.on_exit: Callable[[], None] | None = None  # called once if the engine dies (not when stopped)
 
     def _await_ready(self) -> list[str]:
         try:
@@ -209,11 +211,13 @@ class EngineProcess:
             return
         if self._loop is not None:
             self._loop.remove_reader(self._conn.fileno())
+        self._ended.set()
         if not self._stopping:
-            self._process.join(1.0)
+            self._process.join(0.2)  # for its exit code, which it has by now when it crashed
             log.critical("the engine process of model %s exited (exit code %s)", self.model, self._process.exitcode)
             self._fail_all(InferenceError(f"the engine process of model {self.model} exited"))
-        self._ended.set()
+            if self.on_exit is not None:
+                self.on_exit()
 
     def _pop(self, key: int) -> Ticket | None:
         with self._lock:

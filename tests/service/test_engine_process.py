@@ -1,7 +1,7 @@
 """The engine process (MT_ENGINE_PROCESS, the default): a model's scheduler and sessions in a process of their
 own. Its answers, errors, metrics and cancellations reach the server as they would in one process; a folder it
-cannot load stops the start with its message; its death fails its requests and the server's liveness, and
-the server stops it on the way out."""
+cannot load stops the start with its message; its death fails its requests and the server's liveness, and the
+real server then drains and exits 1; the server stops it on the way out."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.overload import children
 from service.api import create_app
 from service.engine_process import EngineProcess, rebuilt_error
 from service.errors import DeadlineExceeded, InferenceError, ModelFolderError, Overloaded
@@ -22,7 +24,7 @@ from service.metrics import Metrics
 from service.scheduler import SentenceJob, Ticket
 from service.translator import TranslateOptions, Translator, load_translators
 from tests.service.test_api import settings_for
-from tests.service.test_e2e import metric
+from tests.service.test_e2e import free_port, metric, start_server, wait_ready
 
 NORMAL = {"q": "Open the file.", "source": "en", "target": "fr"}
 MODEL = '{model="tiny-en-fr"}'
@@ -115,7 +117,7 @@ def test_an_engine_that_dies_fails_its_requests_and_the_liveness_check(model_dir
         assert client.get("/ready").json() == {"error": "the engine of tiny-en-fr has exited"}
         refused = client.post("/translate", json=NORMAL)
         assert refused.status_code == 503
-        assert refused.json() == {"error": "the engine process of model tiny-en-fr has exited"}
+        assert refused.json() == {"error": "the engine of tiny-en-fr has exited; retry on another instance"}
 
 
 def test_a_graph_the_engine_cannot_load_stops_the_start_with_its_message(model_dir: Path, tmp_path: Path) -> None:
@@ -126,3 +128,26 @@ def test_a_graph_the_engine_cannot_load_stops_the_start_with_its_message(model_d
     settings = settings_for(broken, verify_checksums=False)
     with pytest.raises(ModelFolderError, match=f"{broken}: .*"):
         load_translators(settings, Metrics())
+
+
+def cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_the_real_server_drains_and_exits_1_when_its_engine_dies(model_dir: Path) -> None:
+    """So that a supervisor (Docker's restart policy, systemd, Kubernetes) starts it again."""
+    port = free_port()
+    process = start_server(model_dir, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process)
+        assert httpx.post(f"{url}/translate", json=NORMAL).status_code == 200
+        [engine_pid] = [pid for pid in children(process.pid) if b"spawn_main" in cmdline(pid)]  # not the tracker
+        os.kill(engine_pid, signal.SIGKILL)
+        assert process.wait(timeout=60) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = process.stdout.read() if process.stdout else ""
+    assert "the engine process of model tiny-en-fr exited (exit code -9)" in output
+    assert "model tiny-en-fr can no longer translate" in output and "Traceback" not in output
