@@ -131,9 +131,13 @@ class EngineProcess:
             if not self._process.is_alive():
                 raise Overloaded(f"the engine process of model {self.model} has exited", "not_ready")
             key = next(self._next_key)
-            self._tickets[key], self._keys[id(ticket)] = ticket, key
+            self._tickets[key], self._keys[id(ticket)] = ticket, key  # before the answer can arrive
             payload = [(job.src_ids, job.options) for job in sorted(jobs, key=lambda j: j.index)]
-            self._conn.send(("submit", key, ticket.deadline, payload))
+            try:
+                self._conn.send(("submit", key, ticket.deadline, payload))
+            except (OSError, ValueError):  # it died a moment ago; the reader is about to notice
+                del self._tickets[key], self._keys[id(ticket)]
+                raise Overloaded(f"the engine process of model {self.model} has exited", "not_ready") from None
 
     def cancel(self, ticket: Ticket) -> None:
         ticket.cancelled = True

@@ -17,7 +17,7 @@ from service import text
 from service.decoding import Hypothesis, SearchOptions
 from service.engine import TokenRules
 from service.engine_process import EngineProcess
-from service.errors import InvalidRequest, ModelFolderError, NotFound, TooLarge
+from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, TooLarge
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, ModelFolder, load_model_folder
 from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
@@ -32,6 +32,7 @@ T = TypeVar("T")
 # than the work (default model, 32 clients: 3,338 vs 3,206 target tok/s, p99 356 vs 383 ms, 2 runs each). Longer
 # text goes to a worker thread so that it cannot stall the other requests.
 INLINE_CHARS = 2000
+DEADLINE_GRACE_SECONDS = 5.0  # past a request's deadline, when the scheduler should have failed it long before
 
 
 async def off_loop(inline: bool, function: Callable[..., T], *args: Any) -> T:
@@ -161,10 +162,14 @@ class Translator:
             ]
         )
         try:
-            await asyncio.shield(done)
+            await asyncio.wait_for(asyncio.shield(done), ticket.deadline - time.monotonic() + DEADLINE_GRACE_SECONDS)
         except asyncio.CancelledError:
             self.scheduler.cancel(ticket)  # the client went away: the scheduler drops its rows
             raise
+        except TimeoutError:  # the scheduler fails a request at its deadline; this one is stuck past it
+            self.scheduler.cancel(ticket)
+            log.error("model %s did not answer a request %g s past its deadline", self.name, DEADLINE_GRACE_SECONDS)
+            raise DeadlineExceeded("the request's deadline passed before its translation finished") from None
         if ticket.error is not None:
             raise ticket.error
         return ticket

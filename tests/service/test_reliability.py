@@ -22,6 +22,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from service import translator as translator_module
 from service.admission import Throughput
 from service.api import State, create_app
 from tests.service.test_api import fail_first_call, settings_for
@@ -443,3 +444,18 @@ def test_a_request_id_is_echoed_only_when_safe(client: TestClient, given: str) -
     echoed = client.get("/health", headers={"x-request-id": given.encode("utf-8")}).headers["x-request-id"]
     assert echoed != given and len(echoed) == 16
     assert client.get("/health", headers={"x-request-id": "req-42.a:b"}).headers["x-request-id"] == "req-42.a:b"
+
+
+def test_a_stuck_decoding_loop_still_answers_504_after_the_deadline(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler fails a request at its deadline; if it (or its engine process) hangs, the server does, a grace
+    period later, instead of waiting forever."""
+    monkeypatch.setattr(translator_module, "DEADLINE_GRACE_SECONDS", 0.2)
+    with TestClient(create_app(settings_for(model_dir, engine_process=False))) as client:
+        translator = service_state(client).registry.translators[MODEL]
+        translator.scheduler.submit = lambda jobs: None  # accepted, never run
+        started = time.monotonic()
+        response = client.post("/translate", json={**NORMAL, "timeout": 0.5})
+        assert response.status_code == 504 and 0.6 < time.monotonic() - started < 5
+        assert response.json() == {"error": "the request's deadline passed before its translation finished"}
