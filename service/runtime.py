@@ -2,6 +2,9 @@
 
 Input and output names come from the manifest's roles; buffers come from the DecoderCache. It knows
 nothing of requests, searches or batching policy: the scheduler decides which rows run.
+
+ONNX Runtime is imported where sessions are made, not with this module: a server whose models run in engine
+processes (service/engine_process.py) never loads it in its own process (18 MB).
 """
 
 from __future__ import annotations
@@ -10,14 +13,16 @@ import ctypes
 import ctypes.util
 import logging
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
-import onnxruntime as ort
 
 from service.errors import ModelFolderError
 from service.kv_cache import DecoderCache
 from service.model_folder import GraphSpec, ModelFolder, VariantSpec, check_graph_io
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,8 @@ class Runtime(Protocol):
 
 def usable_providers(requested: tuple[str, ...]) -> list[str]:
     """The requested providers this onnxruntime build has, CPU last as the fallback."""
+    import onnxruntime as ort  # here, not at the top: see the module docstring
+
     available = set(ort.get_available_providers())
     chosen = [p for p in requested if p in available]
     for missing in (p for p in requested if p not in available):
@@ -82,7 +89,7 @@ def shared_initializers(folder: ModelFolder, variant: VariantSpec) -> dict[str, 
             table = np.fromfile(path, dtype=np.dtype(spec.dtype).newbyteorder("<")).reshape(spec.shape)
         except ValueError:
             raise ModelFolderError(f"{path}: does not hold a {spec.dtype} tensor of shape {spec.shape}") from None
-        value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(table, dtype=spec.dtype))
+        value = ortvalue(np.ascontiguousarray(table, dtype=spec.dtype))
         for graph, name in spec.names.items():
             shared[graph][name] = value
     return shared
@@ -97,12 +104,20 @@ def step_candidates(folder: ModelFolder, variant: VariantSpec) -> tuple[np.ndarr
     return banned, int(width) - len(banned)
 
 
+def ortvalue(array: np.ndarray) -> ort.OrtValue:
+    import onnxruntime as ort  # here, not at the top: see the module docstring
+
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
 def open_session(
     folder: ModelFolder,
     graph: GraphSpec,
     settings: SessionSettings,
     initializers: dict[str, ort.OrtValue] | None = None,
 ) -> ort.InferenceSession:
+    import onnxruntime as ort  # here, not at the top: see the module docstring
+
     ort.disable_telemetry_events()  # a translation server sends nothing anywhere
     options = ort.SessionOptions()
     for name, value in (initializers or {}).items():

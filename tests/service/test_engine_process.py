@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -151,3 +153,9 @@ def test_the_real_server_drains_and_exits_1_when_its_engine_dies(model_dir: Path
     output = process.stdout.read() if process.stdout else ""
     assert "the engine process of model tiny-en-fr exited (exit code -9)" in output
     assert "model tiny-en-fr can no longer translate" in output and "Traceback" not in output
+
+
+def test_the_server_process_does_not_load_onnx_runtime() -> None:
+    """With engine processes, the server's own process holds HTTP, text and tokens only."""
+    code = "import sys, service.__main__, service.api; sys.exit('onnxruntime' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
