@@ -234,9 +234,10 @@ class State:
         if self.on_fatal is not None:
             self.on_fatal()
 
-    def dead_engines(self) -> list[str]:
-        """Models whose decoding loop (engine process or worker thread) has ended on its own."""
-        return sorted(name for name, t in self.registry.translators.items() if not t.scheduler.alive)
+    def engine_failure(self) -> str | None:
+        """Which models' decoding loops (engine process or worker thread) have ended on their own, if any."""
+        dead = sorted(name for name, t in self.registry.translators.items() if not t.scheduler.alive)
+        return f"the engine of {', '.join(dead)} has exited" if dead else None
 
     def begin_drain(self) -> None:
         """Stop admitting: readiness false, new translations 503 (reason shutting_down); work in flight goes on."""
@@ -251,11 +252,9 @@ class State:
         if self.draining:
             raise Overloaded("the server is shutting down; retry on another instance", "shutting_down", retry)
         if not self.ready:
-            dead = self.dead_engines()
-            if dead:
-                message = f"the engine of {', '.join(dead)} has exited; retry on another instance"
-                raise Overloaded(message, "not_ready", retry)
-            raise Overloaded("the server is not ready yet", "not_ready", retry)
+            failure = self.engine_failure()
+            message = f"{failure}; retry on another instance" if failure else "the server is not ready yet"
+            raise Overloaded(message, "not_ready", retry)
         if self.handling >= self.settings.max_concurrent_requests:
             raise Overloaded(
                 f"too many requests at once (the limit is {self.settings.max_concurrent_requests}); retry later",
@@ -568,9 +567,9 @@ def _add_routes(app: FastAPI, state: State) -> None:
         responses={503: {"model": ErrorBody}},
     )
     async def health() -> Response:
-        dead = state.dead_engines()
-        if dead:
-            return JSONAnswer({"error": f"the engine of {', '.join(dead)} has exited; restart the server"}, 503)
+        failure = state.engine_failure()
+        if failure:
+            return JSONAnswer({"error": f"{failure}; restart the server"}, 503)
         return JSONAnswer({"status": "ok"})
 
     @app.get(
@@ -579,12 +578,10 @@ def _add_routes(app: FastAPI, state: State) -> None:
         responses={503: {"model": ErrorBody}},
     )
     async def ready() -> Response:
-        dead = state.dead_engines()
-        if state.ready and not dead:
+        failure = state.engine_failure()
+        if state.ready and not failure:
             return JSONAnswer({"status": "ready", "models": sorted(state.registry.translators)})
-        reason = "not ready"
-        if state.draining or dead:
-            reason = "shutting down" if state.draining else f"the engine of {', '.join(dead)} has exited"
+        reason = "shutting down" if state.draining else failure or "not ready"
         retry = {"Retry-After": str(settings.retry_after_seconds)}
         return JSONAnswer({"error": reason}, status_code=503, headers=retry)
 

@@ -307,22 +307,15 @@ class _Outbox:
     def __init__(self, conn: Connection, recorder: MetricsRecorder) -> None:
         self.conn, self.recorder, self._lock = conn, recorder, threading.Lock()
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: tuple[Any, ...] | None) -> None:
+        """The metric updates recorded so far, then `message` (None: only the updates)."""
         with self._lock:
             updates = self.recorder.take()
-            try:
+            with contextlib.suppress(OSError, ValueError):  # the server is gone; the main loop sees it too and ends
                 if updates:
                     self.conn.send(("metrics", updates))
-                self.conn.send(message)
-            except (OSError, ValueError):  # the server is gone; the main loop sees it too and ends
-                pass
-
-    def flush(self) -> None:
-        with self._lock:
-            updates = self.recorder.take()
-            if updates:
-                with contextlib.suppress(OSError, ValueError):
-                    self.conn.send(("metrics", updates))
+                if message is not None:
+                    self.conn.send(message)
 
 
 def serve(
@@ -391,4 +384,4 @@ def _finished(outbox: _Outbox, tickets: dict[int, Ticket], key: int, ticket: Tic
 
 def _flush_metrics(outbox: _Outbox, stopped: threading.Event) -> None:
     while not stopped.wait(METRICS_SECONDS):
-        outbox.flush()
+        outbox.send(None)

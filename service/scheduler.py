@@ -137,7 +137,7 @@ class Scheduler:
         self._closing = False
         self._stopped = False
         self._last_scan = -WAITING_SCAN_SECONDS
-        self._expired: list[Ticket] = []  # past their deadline, to fail once the queue has let them go
+        self._expired: dict[int, Ticket] = {}  # id -> ticket past its deadline, failed once the queue let it go
 
     # -- the HTTP side ---------------------------------------------------------------------------
 
@@ -268,20 +268,18 @@ class Scheduler:
         if ticket.abandoned:
             return False
         if now > ticket.deadline:
-            if all(t is not ticket for t in self._expired):  # by identity: tickets are dataclasses
-                self._expired.append(ticket)
+            self._expired[id(ticket)] = ticket  # by identity: tickets are dataclasses
             return False
         return True
 
     def _expire(self) -> None:
         if not self._expired:
             return
-        expired, self._expired = self._expired, []
-        gone = {id(ticket) for ticket in expired}
+        expired, self._expired = self._expired, {}
         with self._lock:
-            self.waiting = deque(j for j in self.waiting if id(j.ticket) not in gone)
+            self.waiting = deque(j for j in self.waiting if id(j.ticket) not in expired)
             self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
-        for ticket in expired:
+        for ticket in expired.values():
             self.metrics.deadline_expired.labels(self.model).inc()
             ticket.fail(DeadlineExceeded("the request's deadline passed before its translation finished"))
 
@@ -291,9 +289,9 @@ class Scheduler:
         """Newcomers in arrival order while the batch has room; static mode waits for an empty batch."""
         if self.limits.static and self.active:
             return []
-        admitted = [r.job for r in self.active] + [job for encoding in self.encoding for job in encoding.jobs]
-        rows = sum(job.options.beam_size for job in admitted)  # what the admitted sentences may grow to
-        tokens = sum(job.reserved_tokens for job in admitted)
+        held = [r.job for r in self.active] + [job for encoding in self.encoding for job in encoding.jobs]
+        rows = sum(job.options.beam_size for job in held)  # what the admitted sentences may grow to
+        tokens = sum(job.reserved_tokens for job in held)
         admitted: list[SentenceJob] = []
         now = self.clock()
         with self._lock:
