@@ -11,10 +11,10 @@ Encoder (once per sentence):
 
 Step decoder (once per generated token; rows may be at different steps):
     input_ids    (batch,)                      int64  the previous token of each row
-    positions    (batch,)                      int64  that token's position in its row's target
-    self_key_i   (batch, n_heads, cache_len, head_dim)  float32  earlier steps' keys
-    self_value_i (batch, n_heads, cache_len, head_dim)  float32
-    self_mask    (batch, cache_len)            bool   True where a cache slot holds an earlier step
+    positions    (batch,)                      int64  that token's position in its row's target = how many
+                                                      earlier steps the row has cached
+    self_key_i   (batch, n_heads, cache_len, head_dim)  float32  earlier steps' keys, slot t = step t
+    self_value_i (batch, n_heads, cache_len, head_dim)  float32  (cache_len > every row's position)
     cross_key_i  (sentences, n_heads, src_len, head_dim)  float32  as the encoder gave them: one per sentence,
     cross_value_i (sentences, n_heads, src_len, head_dim) float32  shared by its rows (beams)
     src_mask     (sentences, src_len)          bool
@@ -26,15 +26,15 @@ Step decoder (once per generated token; rows may be at different steps):
     top_log_probs (batch, top_k)               float32  each row's top_k best log-probs, best first,
     top_ids      (batch, top_k)                int64    and their token ids (top_k = TOP_K + the banned ids,
                                                         pad and decoder start, which the runtime drops)
-    step_keys    (n_decoder_layers, batch, n_heads, head_dim)  float32  this step's keys
-    step_values  (n_decoder_layers, batch, n_heads, head_dim)  float32  this step's values
+    present_key_i (batch, n_heads, cache_len, head_dim)  float32  self_key_i with this step's key at each
+    present_value_i (batch, n_heads, cache_len, head_dim) float32  row's slot `positions`, and its value
 
-The updated self-attention cache is the old one plus this step's keys and values at the next slot;
-the graph returns only the new entries so that the caller appends them in place into its own
-preallocated buffer: no step copies the whole cache. Keys and values share one layout, (.., time,
-head_dim), so that appending writes contiguous head_dim vectors (a transposed key layout made the
-append a strided scatter, ~100x slower in numpy); ONNX Runtime fuses the graph's Transpose of the keys
-into its MatMul (FusedMatMul), so the transposition costs no copy.
+Self-attention is ONNX Runtime's contrib GroupQueryAttention: each row attends over its own `positions` cached
+slots and itself (no mask, no padded slots read), and writes its new key and value at slot `positions`. Bound
+to the same memory as self_key_i / self_value_i (IO binding), present_key_i / present_value_i are the cache
+itself, updated in place: no step copies the cache or returns its new entries for the caller to append. Unbound,
+they are a copy of the cache with the new entries in it. Keys and values share one layout, (.., time,
+head_dim), the one GroupQueryAttention reads.
 
 Cross-attention gathers each sentence's rows' queries into one (sentences, n_heads, group, head_dim) block and
 attends with all of them at once over the sentence's one copy of the source keys/values; `row_slots` gathers the
@@ -48,8 +48,11 @@ from dataclasses import asdict, dataclass
 
 from model_export.config import TransformerConfig
 
-FORMAT_VERSION = 2  # 2: cross-attention keys/values per sentence, rows grouped by sentence_rows/row_slots
+# 2: cross-attention keys/values per sentence, rows grouped by sentence_rows/row_slots; 3: self-attention writes
+# the cache in place (present_key_i/present_value_i), self_mask and step_keys/step_values gone
+FORMAT_VERSION = 3
 OPSET = 17
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (GroupQueryAttention), version 1
 # The step graph also returns each row's best next tokens: TOP_K of them once pad and the decoder start are
 # dropped (the runtime drops them; it is cheaper than masking the whole distribution in the graph). Greedy and
 # beam search need no more (beam k takes 2k candidates, plus one when EOS is not allowed yet, so k <= 8), and
@@ -102,7 +105,6 @@ def decoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
     for i in range(cfg.n_decoder_layers):
         specs.append(TensorSpec(f"self_key_{i}", "self_key", "float32", ("batch", h, "cache_len", dh), i))
         specs.append(TensorSpec(f"self_value_{i}", "self_value", "float32", ("batch", h, "cache_len", dh), i))
-    specs.append(TensorSpec("self_mask", "self_mask", "bool", ("batch", "cache_len")))
     specs += _cross_specs(cfg, "sentences")
     specs.append(TensorSpec("src_mask", "src_mask", "bool", ("sentences", "src_len")))
     specs.append(TensorSpec("sentence_rows", "sentence_rows", "int64", ("sentences", "group")))
@@ -121,11 +123,13 @@ def top_k(cfg: TransformerConfig) -> int:
 
 
 def decoder_outputs(cfg: TransformerConfig) -> list[TensorSpec]:
-    per_layer = (cfg.n_decoder_layers, "batch", cfg.n_heads, cfg.head_dim)
-    return [
+    h, dh = cfg.n_heads, cfg.head_dim
+    specs = [
         TensorSpec("log_probs", "log_probs", "float32", ("batch", cfg.tgt_vocab_size)),
         TensorSpec("top_log_probs", "top_log_probs", "float32", ("batch", top_k(cfg))),
         TensorSpec("top_ids", "top_ids", "int64", ("batch", top_k(cfg))),
-        TensorSpec("step_keys", "step_keys", "float32", per_layer),
-        TensorSpec("step_values", "step_values", "float32", per_layer),
     ]
+    for i in range(cfg.n_decoder_layers):
+        specs.append(TensorSpec(f"present_key_{i}", "present_key", "float32", ("batch", h, "cache_len", dh), i))
+        specs.append(TensorSpec(f"present_value_{i}", "present_value", "float32", ("batch", h, "cache_len", dh), i))
+    return specs

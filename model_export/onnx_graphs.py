@@ -1,7 +1,7 @@
 """Builds the encoder and step-decoder ONNX graphs node by node from a PyTorch `Transformer`'s weights.
 
 The graphs are written directly (no tracing), so their structure is chosen, not inherited: fused
-Q/K/V projections, 1/sqrt(d_k) folded into W_Q, and a step decoder that never copies its cache.
+Q/K/V projections, 1/sqrt(d_k) folded into W_Q, and a step decoder that writes its cache in place.
 The contract itself (names, shapes, dtypes) lives in `graph_io`.
 """
 
@@ -64,7 +64,8 @@ class GraphBuilder:
         graph = helper.make_graph(
             self.nodes, name, [_value_info(s) for s in inputs], [_value_info(s) for s in outputs], self.initializers
         )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", graph_io.OPSET)])
+        opsets = [helper.make_opsetid("", graph_io.OPSET), helper.make_opsetid(graph_io.CONTRIB_DOMAIN, 1)]
+        model = helper.make_model(graph, opset_imports=opsets)
         model.ir_version = 8  # readable by onnxruntime >= 1.14
         model.producer_name = "model_export"
         return model
@@ -173,23 +174,18 @@ def build_encoder(model: Transformer) -> onnx.ModelProto:
     return g.model("encoder", graph_io.encoder_inputs(cfg), graph_io.encoder_outputs(cfg))
 
 
-def _step_self_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: int, cfg, news: list) -> str:
-    """Attends to the cached steps and to itself without concatenating the cache: two score blocks."""
-    h, dh, name = cfg.n_heads, cfg.head_dim, f"decoder.{i}.self"
-    q, k, v = g.fused_qkv(y, attn, name, "qkv")  # (B, D) each
-    q4 = g.op("Reshape", q, g.ints([-1, h, 1, dh]))  # (B, H, 1, Dh)
-    k_new = g.op("Reshape", k, g.ints([-1, h, dh]))  # (B, H, Dh)
-    v_new = g.op("Reshape", v, g.ints([-1, h, 1, dh]))  # (B, H, 1, Dh)
-    news.append((k_new, g.op("Reshape", v, g.ints([-1, h, dh]))))  # (B, H, Dh) each: this step's entry
-    keys_t = g.op("Transpose", f"self_key_{i}", perm=[0, 1, 3, 2])  # (B, H, Dh, T), fused into the MatMul
-    past = g.op("MatMul", q4, keys_t)  # (B, H, 1, T)
-    past = g.op("Add", past, "self_bias4")  # (B, H, 1, T)
-    own = g.op("ReduceSum", g.op("Mul", q4, g.op("Unsqueeze", k_new, g.ints([2]))), g.ints([-1]), keepdims=1)
-    weights = g.op("Softmax", g.op("Concat", past, own, axis=-1), axis=-1)  # (B, H, 1, T+1)
-    w_past = g.op("Slice", weights, g.ints([0]), g.ints([-1]), g.ints([3]))  # (B, H, 1, T)
-    w_own = g.op("Slice", weights, g.ints([-1]), g.ints([np.iinfo(np.int64).max]), g.ints([3]))  # (B, H, 1, 1)
-    context = g.op("Add", g.op("MatMul", w_past, f"self_value_{i}"), g.op("Mul", w_own, v_new))  # (B, H, 1, Dh)
-    merged = g.op("Reshape", context, g.ints([-1, cfg.d_model]))  # (B, D)
+def _step_self_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: int, cfg) -> str:
+    """GroupQueryAttention over each row's own cached steps and itself; it writes the row's new key and value
+    into the cache at slot `positions` (present_key_i/present_value_i: the same buffers when bound so)."""
+    name = f"decoder.{i}.self"
+    q, k, v = (g.op("Unsqueeze", t, g.ints([1])) for t in g.fused_qkv(y, attn, name, "qkv"))  # (B, 1, D) each
+    context = g._fresh("self_context")
+    g.ops_named(
+        "GroupQueryAttention", q, k, v, f"self_key_{i}", f"self_value_{i}", "seqlens_k", "total_sequence_length",
+        outs=[context, f"present_key_{i}", f"present_value_{i}"], domain=graph_io.CONTRIB_DOMAIN,
+        num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads, scale=1.0,  # Q comes pre-scaled by 1/sqrt(d_k)
+    )  # (B, 1, D); the caches (B, H, T, Dh) with this step at slot positions[b]
+    merged = g.op("Squeeze", context, g.ints([1]))  # (B, D)
     return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, D)
 
 
@@ -211,20 +207,21 @@ def _step_cross_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: 
 
 
 def build_decoder_step(model: Transformer) -> onnx.ModelProto:
-    """One token per row with the KV cache -> log_probs (B, V), step_keys/step_values (L, B, H, Dh)."""
+    """One token per row with the KV cache -> log_probs (B, V), its top K, the cache with this step in it."""
     cfg, g = model.cfg, GraphBuilder()
     pre_norm = cfg.norm_position == "pre"
-    g.op("Identity", attention_bias(g, "self_mask"), out="self_bias4")  # (B, 1, 1, T)
+    g.op("Cast", "positions", to=TensorProto.INT32, out="seqlens_k")  # (B,) cached steps per row
+    longest = g.op("Add", g.op("ReduceMax", "positions", keepdims=0), g.const("one", np.int64(1)))  # ()
+    g.op("Cast", longest, to=TensorProto.INT32, out="total_sequence_length")  # () the longest row with this step
     g.op("Identity", attention_bias(g, "src_mask"), out="src_bias4")  # (N, 1, 1, S)
     embedded = g.op("Gather", g.const("tgt_embed.lut", _np(model.tgt_embed.lut.weight)), "input_ids")  # (B, D)
     scaled = g.op("Mul", embedded, g.const("tgt_embed.scale", np.float32(model.tgt_embed.scale)))
     x = g.op("Add", scaled, g.op("Gather", g.const("positions.table", _np(model.positions.table)), "positions"))
-    news: list[tuple[str, str]] = []
     for i, layer in enumerate(model.decoder.layers):
         name = f"decoder.{i}"
         x = g.sublayer(
             x, layer.sublayer[0].norm, pre_norm, f"{name}.0",
-            lambda y, layer=layer, i=i: _step_self_attention(g, y, layer.self_attn, i, cfg, news),
+            lambda y, layer=layer, i=i: _step_self_attention(g, y, layer.self_attn, i, cfg),
         )  # (B, D)
         x = g.sublayer(
             x, layer.sublayer[1].norm, pre_norm, f"{name}.1",
@@ -241,7 +238,4 @@ def build_decoder_step(model: Transformer) -> onnx.ModelProto:
     g.op("LogSoftmax", logits, axis=-1, out="log_probs")  # (B, V) (ONNX Runtime's ReduceLogSumExp is 5x slower)
     top = g.ints([graph_io.top_k(cfg)])  # banned ids included: the runtime drops them from these few
     g.ops_named("TopK", "log_probs", top, outs=["top_log_probs", "top_ids"], axis=-1)  # (B, K + banned)
-    for out, column in (("step_keys", 0), ("step_values", 1)):
-        stacked = [g.op("Unsqueeze", pair[column], g.ints([0])) for pair in news]  # (1, B, H, Dh) each
-        g.op("Concat", *stacked, axis=0, out=out)  # (L, B, H, Dh)
     return g.model("decoder_step", graph_io.decoder_inputs(cfg), graph_io.decoder_outputs(cfg))

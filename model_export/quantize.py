@@ -32,7 +32,11 @@ def quantize_graph(source: Path, target: Path, per_channel: bool, embeddings: bo
     quantize_dynamic(
         model_input=source, model_output=target, weight_type=QuantType.QInt8, per_channel=per_channel,
         op_types_to_quantize=["MatMul", "Gather"] if embeddings else ["MatMul"],
-        extra_options={"MatMulConstBOnly": True},  # attention's activation x activation products stay fp32
+        extra_options={
+            "MatMulConstBOnly": True,  # attention's activation x activation products stay fp32
+            # ONNX shape inference stops at the contrib GroupQueryAttention: what follows it is float32
+            "DefaultTensorType": onnx.TensorProto.FLOAT,
+        },
     )
 
 

@@ -87,7 +87,6 @@ def decode_batch(
     while live:
         input_ids = np.concatenate([s.last_tokens() for s in live])  # (B,)
         out = runtime.step(input_ids, cache)
-        cache.append(out.step_keys, out.step_values)
         order, rows = advance_all(live, out.top_log_probs, out.top_ids)
         cache.select(rows)
         live = [live[i] for i in order]

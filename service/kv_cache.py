@@ -1,7 +1,8 @@
 """The decoder's per-row state in preallocated numpy buffers, laid out as the step graph reads them.
 
-Self-attention: each row's earlier steps, left-aligned (slot t holds the row's step t), appended in
-place every step. Cross-attention: each sentence's source keys/values from the encoder, written once
+Self-attention: each row's earlier steps, left-aligned (slot t holds the row's step t); the step graph writes
+each row's new step at slot `lengths[row]` itself, into these buffers (format 3), and the cache then counts it
+(`advance`). Cross-attention: each sentence's source keys/values from the encoder, written once
 when it joins and shared by all of its rows (beams): `sentence` maps each row to its sentence, and the
 step graph attends with every sentence's rows grouped (`sentence_rows`, `row_slots`). So beam search
 holds one copy of a source per sentence, not one per beam, and reads it once per step for all its
@@ -15,9 +16,10 @@ join, leave and follow their parents in place: a continuous batch that a sentenc
 copies the whole cache. The step graph gets each layer's first B rows (N sentences), a contiguous view. When
 sentences leave, the last live sentences' sources move into their places, so that the live ones stay first.
 
-Attention reads every slot of its buffers at every step, so the time and source axes also give back room
-when the rows that needed it leave: a server whose one long sentence has finished must not attend over that
-sentence's 128 slots and 80 source positions for every short sentence after it.
+Cross-attention reads every source position of its buffers at every step (self-attention reads only each
+row's written slots), so the source axis gives back room when the sentences that needed it leave, and the time
+axis gives back memory: a server whose one long sentence has finished must not attend over its 80 source
+positions for every short sentence after it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ class DecoderCache:
             ]
             for name in BUFFERS
         }
-        self.self_mask = np.zeros((0, MIN_CAPACITY), np.bool_)  # (B, T)
         self.lengths = np.zeros(0, np.int64)  # (B,) steps cached per row = the position of its next token
         self.sentence = np.zeros(0, np.int64)  # (B,) each row's sentence: its index in the cross buffers
         self.src_mask = np.zeros((0, 1), np.bool_)  # (N, S) per sentence
@@ -60,7 +61,8 @@ class DecoderCache:
 
     @property
     def capacity(self) -> int:
-        return self.self_mask.shape[1]
+        """Time slots per row."""
+        return self._store["self_keys"][0].shape[TIME_AXIS]
 
     self_keys = _live("self_keys", "rows")  # L x (B, H, T, Dh)
     self_values = _live("self_values", "rows")  # L x (B, H, T, Dh)
@@ -91,7 +93,6 @@ class DecoderCache:
             for layer, new_layer in zip(self._store[name], new, strict=True):  # (R', H, S, Dh), (b, H, S', Dh)
                 layer[first : first + b, :, : new_layer.shape[TIME_AXIS]] = new_layer  # the rest is masked
         self.src_mask = np.concatenate([widen_mask(self.src_mask, width), widen_mask(src_mask, width)], axis=0)
-        self.self_mask = np.concatenate([self.self_mask, np.zeros((b, self.capacity), np.bool_)], axis=0)
         self.lengths = np.concatenate([self.lengths, np.zeros(b, np.int64)])
         self.sentence = np.concatenate([self.sentence, np.arange(first, first + b)])
         self._groups = None
@@ -106,7 +107,6 @@ class DecoderCache:
         filled = int(self.lengths.max(initial=0))  # time slots any row has written
         for name in ("self_keys", "self_values"):
             self._copy_rows(name, moved, rows[moved], filled)
-        self.self_mask = self.self_mask[rows]  # (B', T)
         self.lengths = self.lengths[rows]  # (B',)
         self.sentence = self.sentence[rows]  # (B',)
         self._drop_sentences()
@@ -140,19 +140,13 @@ class DecoderCache:
             for layer in self._store[name]:  # (R, H, T, Dh)
                 layer[targets, :, :width] = layer[parents, :, :width]  # (m, H, width, Dh)
 
-    def append(self, step_keys: np.ndarray, step_values: np.ndarray) -> None:
-        """Write this step's keys/values (L, B, H, Dh) at each row's next slot, in place."""
+    def make_room(self) -> None:
+        """A free slot for every row's next step: the step graph writes it at slot `lengths[row]`."""
         if self.rows and self.lengths.max() >= self.capacity:
-            self._grow(fitted_capacity(int(self.lengths.max()) + 1))
-        in_step = self.rows and (self.lengths == self.lengths[0]).all()  # a static batch: one slot for all rows
-        rows = np.arange(self.rows)  # (B,)
-        for name, new in (("self_keys", step_keys), ("self_values", step_values)):
-            for layer, new_layer in zip(self._store[name], new, strict=True):  # (R, H, T, Dh), (B, H, Dh)
-                if in_step:
-                    layer[: self.rows, :, int(self.lengths[0])] = new_layer  # (B, H, Dh)
-                else:
-                    layer[rows, :, self.lengths] = new_layer  # (B, H, Dh) at each row's own slot
-        self.self_mask[rows, self.lengths] = True
+            self._resize_time(("self_keys", "self_values"), fitted_capacity(int(self.lengths.max()) + 1))
+
+    def advance(self) -> None:
+        """Every row's step has been written (by the step graph, at slot `lengths[row]`): count it."""
         self.lengths += 1
 
     def _reserve(self, rows: int, sentences: int, width: int) -> None:
@@ -164,19 +158,15 @@ class DecoderCache:
             if needed > reserved or wanted > time:
                 self._resize(name, max(needed, 2 * reserved) if needed > reserved else reserved, wanted)
 
-    def _grow(self, capacity: int) -> None:
-        self._resize_time(("self_keys", "self_values"), capacity)
-        self.self_mask = widen_mask(self.self_mask, capacity)  # (B, T')
-
     def _shrink(self) -> None:
         """After rows left: the time axis (with room to grow) and the source axis (exact) shrink to what the live
-        rows use, whenever that at least halves them. A shrink copies the live rows once and every step after
-        it reads that much less; a readier shrink (at a third) made the server at 32 clients 5 % slower, its
-        rows growing back into fresh buffers."""
+        rows use, whenever that at least halves them. A shrink copies the live rows once; every step after it
+        reads that much less source (cross-attention reads every position) and the cache holds that much less
+        memory. A readier shrink (at a third) made the server at 32 clients 5 % slower, its rows growing back
+        into fresh buffers."""
         capacity = fitted_capacity(int(self.lengths.max(initial=0)) + 1)
         if 2 * capacity <= self.capacity:
             self._resize_time(("self_keys", "self_values"), capacity)
-            self.self_mask = np.ascontiguousarray(self.self_mask[:, :capacity])  # (B, T')
         used = np.flatnonzero(self.src_mask.any(axis=0))  # (S',) source positions some live sentence has
         width = int(used[-1]) + 1 if used.size else 1
         if 2 * width <= self.src_mask.shape[1]:
@@ -222,9 +212,9 @@ def resized(layer: np.ndarray, rows: int, time: int, live: int) -> np.ndarray:
 
 
 def fitted_capacity(slots: int) -> int:
-    """Room for `slots` time slots and a quarter as many again, in whole multiples of MIN_CAPACITY. Attention
-    reads every slot at every step, and a growth copies the buffer once: growing by a quarter rather than
-    doubling reads less in all the steps that follow than it copies more."""
+    """Room for `slots` time slots and a quarter as many again, in whole multiples of MIN_CAPACITY: a growth
+    copies the buffer once, and the room is memory that every row holds (self-attention reads only the written
+    slots)."""
     return -(-(slots + slots // 4) // MIN_CAPACITY) * MIN_CAPACITY
 
 

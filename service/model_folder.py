@@ -19,7 +19,7 @@ from service.errors import ModelFolderError
 
 MANIFEST = "manifest.json"
 FORMAT = "transformer-mt-model"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(bool)": "bool"}
 
 

@@ -49,8 +49,6 @@ class Memory(NamedTuple):
 class StepOutput(NamedTuple):
     top_log_probs: np.ndarray  # (B, K) each row's K best next-token log-probs, best first (pad/start excluded)
     top_ids: np.ndarray  # (B, K) their token ids
-    step_keys: np.ndarray  # (L, B, H, Dh)
-    step_values: np.ndarray  # (L, B, H, Dh)
     log_probs: np.ndarray | None = None  # (B, V) the whole distribution, only when asked (verification)
 
 
@@ -63,7 +61,9 @@ class Runtime(Protocol):
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory: ...
 
-    def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput: ...
+    def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput:
+        """One token per row; the row's key and value of this step end up in `cache`, which counts the step."""
+        ...
 
 
 def usable_providers(requested: tuple[str, ...]) -> list[str]:
@@ -170,11 +170,11 @@ class OnnxRuntime:
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
         self._enc_out = enc.named("cross_key") + enc.named("cross_value")
         self._dec_in = {role: dec.named(role) for role in ("self_key", "self_value", "cross_key", "cross_value")}
+        self._dec_present = {role: dec.named(f"present_{role}") for role in ("key", "value")}
         self._dec_one = {
-            role: dec.one(role)
-            for role in ("input_ids", "positions", "self_mask", "src_mask", "sentence_rows", "row_slots")
+            role: dec.one(role) for role in ("input_ids", "positions", "src_mask", "sentence_rows", "row_slots")
         }
-        self._dec_out = [dec.one(role) for role in ("top_log_probs", "top_ids", "step_keys", "step_values")]
+        self._dec_out = [dec.one(role) for role in ("top_log_probs", "top_ids")]
         self._dec_log_probs = dec.one("log_probs")
         self.banned, self.top_k = step_candidates(folder, spec)  # never generated; clean candidates per row
 
@@ -185,21 +185,33 @@ class OnnxRuntime:
         return Memory(keys, values)
 
     def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput:
-        """One token per row. The (B, V) log-probs leave the graph only if `full`: searches need the top K."""
-        feeds = {
-            self._dec_one["input_ids"]: input_ids,  # (B,)
-            self._dec_one["positions"]: cache.lengths,  # (B,)
-            self._dec_one["self_mask"]: cache.self_mask,  # (B, T)
-            self._dec_one["src_mask"]: cache.src_mask,  # (N, S)
-            self._dec_one["sentence_rows"]: cache.sentence_rows,  # (N, G)
-            self._dec_one["row_slots"]: cache.row_slots,  # (B,)
-        }
-        for role, buffer in (
-            ("self_key", cache.self_keys), ("self_value", cache.self_values),
-            ("cross_key", cache.cross_keys), ("cross_value", cache.cross_values),
+        """One token per row. The graph writes each row's key and value of this step into the cache's own buffers
+        (bound as both its self_key_i input and its present_key_i output), then the cache counts the step. The
+        (B, V) log-probs leave the graph only if `full`: searches need the top K."""
+        cache.make_room()  # a free slot per row, before the buffers are bound
+        binding = self.decoder.io_binding()  # one per step: a step may run on any thread
+        for role, array in (
+            ("input_ids", input_ids),  # (B,)
+            ("positions", cache.lengths),  # (B,) = each row's cached steps
+            ("src_mask", cache.src_mask),  # (N, S)
+            ("sentence_rows", cache.sentence_rows),  # (N, G)
+            ("row_slots", cache.row_slots),  # (B,)
         ):
-            feeds.update(zip(self._dec_in[role], buffer, strict=True))  # one (B or N, ...) view per layer
-        top_log_probs, top_ids, *rest = self.decoder.run(self._dec_out + ([self._dec_log_probs] if full else []), feeds)
+            binding.bind_cpu_input(self._dec_one[role], np.ascontiguousarray(array))
+        for role, layers in (("cross_key", cache.cross_keys), ("cross_value", cache.cross_values)):
+            for name, layer in zip(self._dec_in[role], layers, strict=True):
+                binding.bind_cpu_input(name, layer)  # (N, H, S, Dh) a contiguous view, not copied
+        wanted = self._dec_out + ([self._dec_log_probs] if full else [])
+        for name in wanted:
+            binding.bind_output(name)
+        for role, layers in (("key", cache.self_keys), ("value", cache.self_values)):
+            for past, present, layer in zip(self._dec_in[f"self_{role}"], self._dec_present[role], layers, strict=True):
+                buffer = ortvalue(layer)  # (B, H, T, Dh) the cache's memory: read, and written at each row's slot
+                binding.bind_ortvalue_input(past, buffer)
+                binding.bind_ortvalue_output(present, buffer)
+        self.decoder.run_with_iobinding(binding)
+        top_log_probs, top_ids, *rest = (value.numpy() for value in binding.get_outputs()[: len(wanted)])
+        cache.advance()
         top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.banned, self.top_k)
         return StepOutput(top_log_probs, top_ids, *rest)
 

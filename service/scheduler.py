@@ -375,7 +375,6 @@ class Scheduler:
             self.active = []
             self.cache = DecoderCache(self.runtime.n_layers, self.runtime.n_heads, self.runtime.head_dim)
             return
-        self.cache.append(out.step_keys, out.step_values)
         order, rows = advance_all(searches, out.top_log_probs, out.top_ids)
         self.cache.select(rows)
         for running in self.active:

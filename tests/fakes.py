@@ -38,7 +38,9 @@ class FakeRuntime:
         if self.fail_next_step:
             self.fail_next_step = False
             raise RuntimeError("injected decoder failure")
-        history = (cache.self_keys[0][:, 0, :, 0] * cache.self_mask).sum(1)  # (B,)
+        cache.make_room()
+        written = np.arange(cache.capacity) < cache.lengths[:, None]  # (B, T) the slots each row has written
+        history = (cache.self_keys[0][:, 0, :, 0] * written).sum(1)  # (B,)
         group = cache.sentence_rows.shape[1]  # what the step graph reads: each row's sentence from its slot
         signatures = cache.cross_keys[0][cache.row_slots // group, 0, 0, 0]  # (B,)
         log_probs = np.stack(
@@ -49,9 +51,12 @@ class FakeRuntime:
                 )
             ]
         )  # (B, V)
-        step_keys = input_ids.astype(np.float32).reshape(1, -1, 1, 1)  # (L, B, H, Dh)
+        rows = np.arange(len(input_ids))  # (B,)
+        for layers in (cache.self_keys, cache.self_values):  # as the step graph does: this step at each row's slot
+            layers[0][rows, 0, cache.lengths, 0] = input_ids  # (B,)
+        cache.advance()
         top_log_probs, top_ids = top_k(log_probs.astype(np.float32), TOP_K, banned=(PAD, START))
-        return StepOutput(top_log_probs, top_ids, step_keys, step_keys.copy(), log_probs if full else None)
+        return StepOutput(top_log_probs, top_ids, log_probs if full else None)
 
 
 def top_k(log_probs: np.ndarray, k: int, banned: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

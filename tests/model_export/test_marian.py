@@ -172,7 +172,6 @@ def onnx_log_probs(runtime: OnnxRuntime, src_ids: np.ndarray, src_mask: np.ndarr
     steps = []
     for t in range(tgt.shape[1]):
         out = runtime.step(tgt[:, t], cache, full=True)
-        cache.append(out.step_keys, out.step_values)
         steps.append(out.log_probs)
     return np.stack(steps, axis=1)  # (B, T, V)
 

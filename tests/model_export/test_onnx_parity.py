@@ -65,7 +65,6 @@ def test_rows_at_different_steps_share_one_call(exported) -> None:
         if not rows:
             break
         out = runtime.step(tgt[rows, steps[active]].numpy(), cache, full=True)
-        cache.append(out.step_keys, out.step_values)
         worst = max(worst, float(np.abs(out.log_probs - expected[rows, steps[active]]).max()))
     assert worst < 1e-4
     assert not rows or cache.lengths.max() == tgt.size(1)
@@ -96,9 +95,45 @@ def test_sentences_with_any_number_of_rows_share_their_source_in_one_call(export
             cache.select(rows)
             assert cache.sentences == 2 and cache.sentence.tolist() == [1, 0, 0]
         out = runtime.step(tgt[rows, t].numpy(), cache, full=True)
-        cache.append(out.step_keys, out.step_values)
         worst = max(worst, float(np.abs(out.log_probs - expected[rows, t]).max()))
     assert worst < 1e-4
+
+
+def test_the_step_graph_writes_each_row_at_its_own_slot_in_the_cache_itself(exported) -> None:
+    """Format 3: the graph's present_key_i/present_value_i are the cache buffers, bound as its inputs too; each row's
+    new key lands at slot `positions[row]` and nothing else changes. Unbound, the same tensors come back as a copy."""
+    model, runtime = exported
+    rng = np.random.default_rng(3)
+    src_ids, src_mask = random_sources(model.cfg, 3, 6, rng)
+    memory = runtime.encode(src_ids.numpy(), src_mask.numpy())
+    cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
+    cache.add(memory.keys, memory.values, src_mask.numpy())
+    token = np.full(3, model.cfg.decoder_start_id, np.int64)  # (B,)
+    runtime.step(token, cache)
+    cache.select(np.array([0, 1, 1, 2]))
+    cache.lengths[3] = 0  # a row that starts over: rows now at positions 1, 1, 1, 0
+    for layer in cache.self_keys:
+        layer[3] = 0.0
+    before = [layer.copy() for layer in cache.self_keys]  # L x (B, H, T, Dh)
+    buffers = list(cache.self_keys)
+    feeds = {
+        "input_ids": np.array([5, 6, 7, 8]), "positions": cache.lengths.copy(), "src_mask": cache.src_mask,
+        "sentence_rows": cache.sentence_rows, "row_slots": cache.row_slots,
+        **{f"self_key_{i}": layer.copy() for i, layer in enumerate(cache.self_keys)},
+        **{f"self_value_{i}": layer.copy() for i, layer in enumerate(cache.self_values)},
+        **{f"cross_key_{i}": layer for i, layer in enumerate(cache.cross_keys)},
+        **{f"cross_value_{i}": layer for i, layer in enumerate(cache.cross_values)},
+    }
+    unbound = runtime.decoder.run([f"present_key_{i}" for i in range(runtime.n_layers)], feeds)  # L x (B, H, T, Dh)
+    runtime.step(feeds["input_ids"], cache)
+    assert cache.lengths.tolist() == [2, 2, 2, 1]
+    for layer, buffer, old, copy in zip(cache.self_keys, buffers, before, unbound, strict=True):
+        assert np.shares_memory(layer, buffer)  # written in place
+        written = np.zeros(layer.shape[::2], np.bool_)  # (B, T) per row and slot
+        written[[0, 1, 2, 3], [1, 1, 1, 0]] = True
+        assert np.abs(layer.transpose(0, 2, 1, 3)[written]).sum() > 0  # the new keys
+        assert np.array_equal(layer.transpose(0, 2, 1, 3)[~written], old.transpose(0, 2, 1, 3)[~written])  # the rest
+        np.testing.assert_allclose(copy, layer, atol=1e-6)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

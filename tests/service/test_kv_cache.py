@@ -17,15 +17,25 @@ def step(rows: int, fill: float) -> np.ndarray:
     return np.full((2, rows, 3, 4), fill, np.float32)  # (L, B, H, Dh)
 
 
+def append(cache: DecoderCache, keys: np.ndarray, values: np.ndarray) -> None:
+    """What a step does to the cache: room for it, then (as the step graph does) each row's new key and value
+    (L, B, H, Dh) written at the row's slot `lengths`, then counted."""
+    cache.make_room()
+    rows = np.arange(cache.rows)  # (B,)
+    for layers, new in ((cache.self_keys, keys), (cache.self_values, values)):
+        for layer, new_layer in zip(layers, new, strict=True):  # (B, H, T, Dh), (B, H, Dh)
+            layer[rows, :, cache.lengths] = new_layer
+    cache.advance()
+
+
 def test_rows_join_with_longer_sources_and_append_in_their_own_slots() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(2, 5, 1.0))
-    cache.append(step(2, 10.0), step(2, 20.0))
+    append(cache, step(2, 10.0), step(2, 20.0))
     cache.add(*memory(1, 8, 2.0))  # a longer source joins: the old rows are padded and masked
     assert cache.src_mask.tolist()[0] == [True] * 5 + [False] * 3
-    cache.append(step(3, 11.0), step(3, 21.0))
+    append(cache, step(3, 11.0), step(3, 21.0))
     assert cache.lengths.tolist() == [2, 2, 1]
-    assert cache.self_mask[:, :3].tolist() == [[True, True, False]] * 2 + [[True, False, False]]
     assert stacked(cache.self_keys)[0, 0, 0, :2, 0].tolist() == [10.0, 11.0]
     assert stacked(cache.self_keys)[0, 2, 0, :2, 0].tolist() == [11.0, 0.0]  # the newcomer's step 0 is in slot 0
     assert stacked(cache.cross_keys)[1, 0, 2, :, 0].tolist() == [1.0] * 5 + [0.0] * 3  # padded source, masked
@@ -36,18 +46,18 @@ def test_select_reorders_and_drops_and_capacity_grows() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(3, 2, 0.0))
     for t in range(MIN_CAPACITY + 1):
-        cache.append(step(3, float(t)), step(3, float(t)))
+        append(cache, step(3, float(t)), step(3, float(t)))
     assert cache.capacity >= MIN_CAPACITY + 1 and cache.lengths.tolist() == [MIN_CAPACITY + 1] * 3
     for layer in cache.self_keys:
         layer[2] = -1.0
     cache.select(np.array([2, 2, 0]))
     assert cache.rows == 3
-    filled = MIN_CAPACITY + 1  # slots past what any row wrote are not copied: the mask hides them
+    filled = MIN_CAPACITY + 1  # slots past what any row wrote are not copied: nothing reads them
     keys = stacked(cache.self_keys)  # (L, B, H, T, Dh)
     assert (keys[:, :2, :, :filled] == -1.0).all() and keys[0, 2, 0, 3, 0] == 3.0
-    assert cache.self_mask[:, :filled].all() and not cache.self_mask[:, filled:].any()
+    assert cache.lengths.tolist() == [filled] * 3
     cache.select(np.array([2]))
-    assert cache.rows == 1 and cache.self_mask.shape[0] == 1 and stacked(cache.cross_keys).shape[1] == 1
+    assert cache.rows == 1 and cache.lengths.shape == (1,) and stacked(cache.cross_keys).shape[1] == 1
 
 
 def test_beams_share_their_sentence_source_and_reorder_without_copying_it() -> None:
@@ -58,7 +68,7 @@ def test_beams_share_their_sentence_source_and_reorder_without_copying_it() -> N
     for layer in cache.cross_keys:
         layer[:, 0, 0, 0] = [10.0, 11.0]  # a probe per sentence, to see any copy
     buffer = cache.cross_keys
-    cache.append(step(6, 1.0), step(6, 1.0))
+    append(cache, step(6, 1.0), step(6, 1.0))
     cache.select(np.array([2, 0, 0, 5, 3, 4]))  # parents within each sentence
     assert cache.sentence.tolist() == [0, 0, 0, 1, 1, 1] and np.shares_memory(cache.cross_keys[0], buffer[0])
     assert cache.sentence_rows.tolist() == [[0, 1, 2], [3, 4, 5]] and cache.row_slots.tolist() == [0, 1, 2, 3, 4, 5]
@@ -94,18 +104,18 @@ def test_buffers_stay_contiguous_for_the_graphs() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(3, 4, 1.0))
     cache.select(np.array([2, 2, 0, 1]))
-    cache.append(step(4, 1.0), step(4, 1.0))
+    append(cache, step(4, 1.0), step(4, 1.0))
     cache.select(np.array([3, 1]))
     for buffer in (cache.self_keys, cache.self_values, cache.cross_keys, cache.cross_values):
         assert all(layer.flags["C_CONTIGUOUS"] for layer in buffer)  # the graph gets one (B, ...) view per layer
-    assert cache.self_mask.flags["C_CONTIGUOUS"] and cache.src_mask.flags["C_CONTIGUOUS"]
+    assert cache.lengths.flags["C_CONTIGUOUS"] and cache.src_mask.flags["C_CONTIGUOUS"]
 
 
 def test_in_place_reorder_reads_every_parent_before_writing() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(4, 2, 1.0))
     for t in range(3):
-        cache.append(step(4, float(t)), step(4, float(t)))
+        append(cache, step(4, float(t)), step(4, float(t)))
     for layer in cache.self_keys:
         layer[:, :, 0, 0] = np.arange(4, dtype=np.float32)[:, None]  # each row's mark
     buffer = cache.self_keys
@@ -128,7 +138,7 @@ def test_a_finished_sentence_hands_its_rows_to_another_sentence_with_its_source(
     cache.add(*memory(1, 2, 1.0))
     cache.add(*memory(1, 2, 2.0))
     cache.select(np.array([0, 0, 1, 1]))  # two beams each
-    cache.append(step(4, 5.0), step(4, 5.0))
+    append(cache, step(4, 5.0), step(4, 5.0))
     cache.select(np.array([2, 3]))  # the first sentence finished: the second's beams move up, with their source
     assert cache.sentence.tolist() == [0, 0] and cache.sentences == 1
     assert (stacked(cache.cross_keys) == 2.0).all() and (stacked(cache.cross_values) == 2.0).all()
@@ -137,13 +147,13 @@ def test_a_finished_sentence_hands_its_rows_to_another_sentence_with_its_source(
 def test_rows_join_and_branch_in_place_while_there_is_room() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(4, 3, 1.0))
-    cache.append(step(4, 7.0), step(4, 7.0))
+    append(cache, step(4, 7.0), step(4, 7.0))
     cache.select(np.array([0, 1]))  # two sentences finish: their rows become free room
     buffer = cache.self_keys
     cache.add(*memory(2, 2, 2.0))  # newcomers take the free rows: nothing live is copied
     assert np.shares_memory(cache.self_keys[0], buffer[0]) and cache.rows == 4
     assert stacked(cache.self_keys)[0, :2, 0, 0, 0].tolist() == [7.0, 7.0] and cache.lengths.tolist() == [1, 1, 0, 0]
-    assert not cache.self_mask[2:].any()  # the newcomers see none of the old rows' steps
+    assert cache.lengths[2:].tolist() == [0, 0]  # the newcomers attend to none of the old rows' steps
     assert stacked(cache.cross_keys)[0, 2, 0, :2, 0].tolist() == [2.0, 2.0]  # their shorter source; what follows is
     assert cache.src_mask[2].tolist() == [True, True, False]  # an old row's, masked (never zeroed: it costs)
     cache.select(np.array([0, 0, 0, 1, 2, 3]))  # beams branch past the room: the buffers grow, contents kept
@@ -156,19 +166,19 @@ def test_time_and_source_axes_shrink_once_the_rows_that_needed_them_leave() -> N
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(1, 20, 1.0))  # a long sentence
     for t in range(40):
-        cache.append(step(1, float(t)), step(1, float(t)))
+        append(cache, step(1, float(t)), step(1, float(t)))
     cache.add(*memory(2, 3, 2.0))  # two short ones join it
     for t in range(2):
-        cache.append(step(3, 100.0 + t), step(3, 100.0 + t))
+        append(cache, step(3, 100.0 + t), step(3, 100.0 + t))
     assert cache.capacity == 48 and cache.src_mask.shape[1] == 20  # 16, then 32, then 41 rounded up
     cache.select(np.array([1, 2]))  # the long one finished
-    assert cache.capacity == MIN_CAPACITY and cache.self_mask.shape == (2, MIN_CAPACITY)
+    assert cache.capacity == MIN_CAPACITY and cache.lengths.tolist() == [2, 2]
     assert cache.src_mask.shape == (2, 3) and stacked(cache.cross_keys).shape == (2, 2, 3, 3, 4)
     assert stacked(cache.self_keys)[1, :, 2, :2, 0].tolist() == [[100.0, 101.0]] * 2  # what the live rows wrote, kept
-    assert cache.self_mask[:, :3].tolist() == [[True, True, False]] * 2 and (stacked(cache.cross_keys) == 2.0).all()
+    assert (stacked(cache.cross_keys) == 2.0).all()
     for layer in (*cache.self_keys, *cache.cross_values):
         assert layer.flags["C_CONTIGUOUS"]
-    cache.append(step(2, 7.0), step(2, 7.0))
+    append(cache, step(2, 7.0), step(2, 7.0))
     assert stacked(cache.self_values)[0, 1, 0, :3, 0].tolist() == [100.0, 101.0, 7.0]
     assert cache.lengths.tolist() == [3, 3]
 
@@ -178,7 +188,7 @@ def test_axes_keep_their_size_when_shrinking_would_not_halve_them() -> None:
     cache.add(*memory(1, 9, 1.0))
     cache.add(*memory(1, 7, 1.0))
     for _ in range(MIN_CAPACITY + 1):  # capacity 32: 18 slots and a quarter more fit in no less
-        cache.append(step(2, 1.0), step(2, 1.0))
+        append(cache, step(2, 1.0), step(2, 1.0))
     buffer = cache.self_keys
     cache.select(np.array([1]))  # the 9-token source left, the 7-token one stays: more than half
     assert cache.capacity == 2 * MIN_CAPACITY and np.shares_memory(cache.self_keys[0], buffer[0])
@@ -191,7 +201,7 @@ def test_capacity_grows_by_a_quarter_in_whole_blocks() -> None:
     cache.add(np.zeros((1, 1, 1, 3, 2), np.float32), np.zeros((1, 1, 1, 3, 2), np.float32), np.ones((1, 3), np.bool_))
     seen = []
     for t in range(100):
-        cache.append(np.full((1, 1, 1, 2), t, np.float32), np.zeros((1, 1, 1, 2), np.float32))
+        append(cache, np.full((1, 1, 1, 2), t, np.float32), np.zeros((1, 1, 1, 2), np.float32))
         seen.append(cache.capacity)
     assert sorted(set(seen)) == [16, 32, 48, 64, 96, 128]
     assert stacked(cache.self_keys)[0, 0, 0, :100, 0].tolist() == list(range(100))  # every growth kept them
