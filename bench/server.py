@@ -5,8 +5,8 @@ batch-32 throughput on the same sentences is measured alongside, as the ceiling 
 
     python -m bench.server                      # everything (about 15 minutes)
     python -m bench.server --modes continuous --variants int8 --clients 32
-    python -m bench.server --modes one-process,continuous,continuous-1t --variants int8 --clients 32,128
-        # the engine process against threads of one process, and one decoder thread per step
+    python -m bench.server --modes one-process,continuous,continuous-1t,continuous-all-cores --clients 32,128
+        # the engine process against threads of one process; one decoder thread per step, or one per core
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from bench.load import run_load
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {  # server settings per mode
-    "continuous": {"MT_BATCHING": "continuous"},
+    "continuous": {"MT_BATCHING": "continuous"},  # intra-op threads as the model's size says (MT_INTRA_OP_THREADS=0)
     "continuous-1t": {"MT_BATCHING": "continuous", "MT_INTRA_OP_THREADS": "1"},  # one thread per decoder step
+    "continuous-all-cores": {"MT_BATCHING": "continuous", "MT_INTRA_OP_THREADS": str(len(os.sched_getaffinity(0)))},
     "one-process": {"MT_BATCHING": "continuous", "MT_ENGINE_PROCESS": "false"},  # the engine as threads
     "static": {"MT_BATCHING": "static"},
     "sequential": {"MT_BATCHING": "static", "MT_MAX_BATCH_ROWS": "1"},

@@ -86,6 +86,7 @@ class Architecture(BaseModel):
     tgt_vocab_size: int
     d_model: int
     n_heads: int
+    d_ff: int
     n_encoder_layers: int
     n_decoder_layers: int
     max_positions: int

@@ -4,6 +4,7 @@ variable (lists as JSON or comma-separated). Built once at start and passed into
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -14,12 +15,28 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
-def available_cores() -> int:
-    """The cores this process may run on (cgroup/affinity aware), at least 1."""
+def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use, at least 1: the CPUs it may run on (affinity, cpusets), capped by a cgroup
+    CPU quota (a container's `cpus:` limit, which affinity does not show), rounded up."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    quota = cpu_quota(cgroup)
+    return max(1, min(cores, math.ceil(quota)) if quota else cores)
+
+
+def cpu_quota(cgroup: Path) -> float | None:
+    """CPUs' worth of time per period the cgroup may use (v2 `cpu.max`, v1 `cpu.cfs_quota_us`), None if unlimited."""
+    try:
+        if (cgroup / "cpu.max").is_file():
+            quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        else:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        return None if quota in ("max", "-1") else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
 
 
 def _split_list(value: object) -> object:
@@ -48,7 +65,12 @@ class Settings(BaseSettings):
     providers: Annotated[list[Literal["cpu", "cuda"]], NoDecode] = Field(
         default_factory=lambda: ["cpu"], description="execution providers in order; CUDA falls back to CPU"
     )
-    intra_op_threads: int = Field(default_factory=available_cores, ge=1, description="threads inside one graph run")
+    intra_op_threads: int = Field(
+        0,
+        ge=0,
+        description="threads inside one graph run; 0: per model, one per core when its decoder costs at least "
+        "16 M multiply-adds per token, else 1 (a small model's steps are too short to share between cores)",
+    )
     inter_op_threads: int = Field(1, ge=1)
     encoder_threads: int = Field(
         0,

@@ -9,8 +9,8 @@ import pytest
 from service.metrics import Metrics
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings, usable_providers
-from service.settings import Settings
-from service.translator import load_translators
+from service.settings import SHIPPED_MODELS, Settings, available_cores
+from service.translator import SHARED_STEP_MACS, decoder_macs_per_token, intra_op_threads, load_translators
 
 
 def test_cpu_is_always_the_fallback() -> None:
@@ -43,3 +43,35 @@ def test_the_encoder_runs_on_one_thread_beside_continuous_decoder_steps(
     assert runtime.decoder.get_session_options().intra_op_num_threads == 2
     assert (translator.scheduler._encoder is not None) == (batching == "continuous")
     translator.scheduler.stop()
+
+
+def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = load_model_folder(SHIPPED_MODELS / "en-fr", verify_checksums=False).manifest.config
+    assert decoder_macs_per_token(shipped) == 3 * (6 * 256**2 + 2 * 256 * 1024) + 256 * 8000  # 4.8 M
+    paper = shipped.model_copy(update={"d_model": 512, "d_ff": 2048, "n_decoder_layers": 6, "tgt_vocab_size": 59514})
+    assert decoder_macs_per_token(paper) > SHARED_STEP_MACS > decoder_macs_per_token(shipped)
+    monkeypatch.setattr("service.translator.available_cores", lambda: 6)
+    assert intra_op_threads(shipped, Settings()) == 1 and intra_op_threads(paper, Settings()) == 6
+    assert intra_op_threads(shipped, Settings(intra_op_threads=3)) == 3  # an explicit count wins
+    monkeypatch.setenv("MT_MODELS_DIR", str(model_dir.parent))
+    monkeypatch.setenv("MT_MODELS", model_dir.name)
+    [translator] = load_translators(Settings(engine_process=False), Metrics())  # the tiny test model
+    assert translator.runtime.decoder.get_session_options().intra_op_num_threads == 1
+    translator.scheduler.stop()
+
+
+def test_available_cores_follow_a_cgroup_cpu_quota(tmp_path: Path) -> None:
+    cores = available_cores(tmp_path / "absent")  # no cgroup files: the CPUs this process may run on
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # a container's cpus: 1.5
+    assert available_cores(tmp_path) == min(cores, 2)
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert available_cores(tmp_path) == cores
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert available_cores(tmp_path / "v1") == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert available_cores(tmp_path / "v1") == cores
