@@ -269,10 +269,10 @@ def batch_limits(settings: Settings) -> BatchLimits:
 
 
 # Measured on 2 cores (README, Performance): the default model (4.8 M multiply-adds per decoder token) served at 32
-# clients gives 94 % of its engine's batch-32 throughput with one intra-op thread and 81 % with two (its steps of
-# ~4 ms gain 5-14 % from a second thread alone, and lose more to the server and the encoder passes on the same
-# cores); the paper-size model (52.5 M) steps 1.43x faster with two. The threshold lies between, at their
-# geometric mean.
+# clients gives 90 % of its engine's batch-32 throughput with one intra-op thread and 77 % with two in one run (94 and
+# 81 % in another): its steps of ~4 ms gain 5-14 % from a second thread alone and lose more to the server and the
+# encoder passes on the same cores. The paper-size model (52.5 M) steps 1.43x faster with two, and served gives 93 %
+# with two, 76 % with one. The threshold lies between the two, at their geometric mean.
 SHARED_STEP_MACS = 16_000_000
 
 
