@@ -47,10 +47,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from model_export.config import TransformerConfig
+from service.model_folder import FORMAT_VERSION  # noqa: F401 - the one the server reads is the one written
 
-# 2: cross-attention keys/values per sentence, rows grouped by sentence_rows/row_slots; 3: self-attention writes
-# the cache in place (present_key_i/present_value_i), self_mask and step_keys/step_values gone
-FORMAT_VERSION = 3
 OPSET = 17
 CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (GroupQueryAttention), version 1
 # The step graph also returns each row's best next tokens: TOP_K of them once pad and the decoder start are

@@ -19,6 +19,9 @@ from service.errors import ModelFolderError
 
 MANIFEST = "manifest.json"
 FORMAT = "transformer-mt-model"
+# 2: cross-attention keys/values per sentence, rows grouped by sentence_rows/row_slots; 3: self-attention writes
+# the cache in place (present_key_i/present_value_i), self_mask and step_keys/step_values gone. model_export
+# writes this one (graph_io.FORMAT_VERSION).
 FORMAT_VERSION = 3
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(bool)": "bool"}
 
