@@ -109,6 +109,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_half(args: argparse.Namespace) -> int:
+    from model_export.half import add_fp16_variant
+
+    manifest = add_fp16_variant(args.model_dir, make_default=args.make_default)
+    print(f"added variant fp16 to {args.model_dir} (default: {manifest['default_variant']})")
+    return 0
+
+
 def _add_evaluate_and_quantize(sub: argparse._SubParsersAction) -> None:
     evaluate = sub.add_parser("evaluate", help="BLEU, chrF and placeholder accuracy of a model folder on a split")
     evaluate.add_argument("--model-dir", type=Path, required=True)
@@ -130,6 +138,11 @@ def _add_evaluate_and_quantize(sub: argparse._SubParsersAction) -> None:
         "--fp32-embeddings", action="store_true", help="keep the embedding tables in fp32 (default: int8 too)"
     )
     quantize.set_defaults(run=cmd_quantize)
+
+    half = sub.add_parser("half", help="add a float16 variant to a model folder (for GPUs: MT_PROVIDERS=cuda)")
+    half.add_argument("--model-dir", type=Path, required=True)
+    half.add_argument("--make-default", action="store_true", help="make fp16 the folder's default variant")
+    half.set_defaults(run=cmd_half)
 
 
 def cmd_convert_marian(args: argparse.Namespace) -> int:

@@ -23,7 +23,12 @@ FORMAT = "transformer-mt-model"
 # the cache in place (present_key_i/present_value_i), self_mask and step_keys/step_values gone. model_export
 # writes this one (graph_io.FORMAT_VERSION).
 FORMAT_VERSION = 3
-ORT_DTYPES = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(bool)": "bool"}
+ORT_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(bool)": "bool",
+}
 
 
 class _Strict(BaseModel):
@@ -33,7 +38,7 @@ class _Strict(BaseModel):
 class TensorSpec(_Strict):
     name: str
     role: str
-    dtype: Literal["float32", "int64", "bool"]
+    dtype: Literal["float32", "float16", "int64", "bool"]
     shape: list[str | int]
     layer: int | None = None
 

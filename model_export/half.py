@@ -1,0 +1,80 @@
+"""Adds a float16 variant to a model folder, for GPUs: the fp32 graphs with every float weight, activation and
+cache in float16, except the step graph's distribution, which LogSoftmax and TopK compute in float32 from the
+float16 logits (beam scores sum these log-probs over every step).
+
+On a GPU this is the variant to run: ONNX Runtime's CUDA GroupQueryAttention takes float16 (not float32), so only
+here does self-attention run beside the cache in GPU memory (service.runtime keeps it there). On a CPU the int8
+variant is the fast one; fp16 runs there too (the tests check it), slowly.
+
+The conversion is ours, not onnxruntime.transformers' float16 converter: our graphs are small and known (every
+float constant is an initializer, no float-typed Cast or ConstantOfShape), and that converter breaks graph outputs
+that must stay float32.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from model_export.errors import ExportError
+from model_export.export import file_entries, write_manifest
+from service.model_folder import MANIFEST, load_model_folder
+
+FP16_MAX = float(np.finfo(np.float16).max)  # 65504: the fp32 graphs' masking constant (fp32 min) becomes -65504
+FLOAT32_ROLES = {"log_probs", "top_log_probs"}  # outputs that stay float32
+SOFTMAX_INPUT_CAST = "logits_float32"
+
+
+def fp16_name(file_name: str) -> str:
+    return file_name.removesuffix(".onnx") + ".fp16.onnx"
+
+
+def to_half(model: onnx.ModelProto, keep_float32: set[str]) -> onnx.ModelProto:
+    """float32 initializers (clipped to float16's range) and inputs/outputs become float16, except the outputs
+    named in `keep_float32`; LogSoftmax then reads its input cast to float32."""
+    graph = model.graph
+    for i, tensor in enumerate(graph.initializer):
+        if tensor.data_type == TensorProto.FLOAT:
+            values = np.clip(numpy_helper.to_array(tensor), -FP16_MAX, FP16_MAX).astype(np.float16)
+            graph.initializer[i].CopyFrom(numpy_helper.from_array(values, tensor.name))
+    for value in list(graph.input) + list(graph.output):
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT and value.name not in keep_float32:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for index, node in enumerate(graph.node):
+        if node.op_type == "LogSoftmax":
+            cast = helper.make_node("Cast", [node.input[0]], [SOFTMAX_INPUT_CAST], to=TensorProto.FLOAT)
+            node.input[0] = SOFTMAX_INPUT_CAST  # (B, V) float32 logits
+            graph.node.insert(index, cast)
+            break
+    onnx.checker.check_model(model)
+    return model
+
+
+def add_fp16_variant(folder_path: Path, make_default: bool = False) -> dict:
+    """Converts the fp32 graphs into *.fp16.onnx files and adds variant 'fp16' to the manifest."""
+    folder = load_model_folder(folder_path)
+    if "fp32" not in folder.manifest.variants:
+        raise ExportError(f"{folder_path}: no fp32 variant to convert")
+    manifest = json.loads((folder_path / MANIFEST).read_text(encoding="utf-8"))
+    variant = json.loads(folder.manifest.variants["fp32"].model_dump_json())
+    variant["precision"] = "fp16"
+    for graph in ("encoder", "decoder_step"):
+        spec = variant[graph]
+        keep = {s["name"] for s in spec["outputs"] if s["role"] in FLOAT32_ROLES}
+        name = fp16_name(spec["file"])
+        onnx.save(to_half(onnx.load(folder.file(spec["file"])), keep), folder_path / name)
+        spec["file"] = name
+        for tensor in spec["inputs"] + spec["outputs"]:
+            if tensor["dtype"] == "float32" and tensor["name"] not in keep:
+                tensor["dtype"] = "float16"
+    manifest["variants"]["fp16"] = variant
+    manifest["files"].update(file_entries(folder_path, [variant["encoder"]["file"], variant["decoder_step"]["file"]]))
+    if make_default:
+        manifest["default_variant"] = "fp16"
+    write_manifest(folder_path, manifest)
+    load_model_folder(folder_path)  # the folder must still load
+    return manifest

@@ -1,0 +1,80 @@
+"""The fp16 variant (`model_export half`): float16 graphs and cache, float32 log-probs, checked against the PyTorch
+model in float32 (an independent reference). On a CPU here; tests/service/test_gpu.py runs it on CUDA."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from model_export.__main__ import main
+from model_export.half import add_fp16_variant
+from model_export.verify import same_decodings, teacher_forced_diff
+from service.errors import ModelFolderError
+from service.model_folder import load_model_folder
+from service.runtime import OnnxRuntime
+
+FP16_TOLERANCE = 2e-2  # |log p| against float32 PyTorch: float16 keeps ~3 significant digits per activation
+
+
+@pytest.fixture(scope="module")
+def halved(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = Path(shutil.copytree(model_dir, tmp_path_factory.mktemp("h") / "m"))
+    assert main(["half", "--model-dir", str(folder)]) == 0
+    return folder
+
+
+def test_the_variant_declares_float16_tensors_except_the_distribution(halved: Path) -> None:
+    folder = load_model_folder(halved)
+    assert set(folder.manifest.variants) == {"fp32", "fp16"} and folder.manifest.default_variant == "fp32"
+    variant = folder.variant("fp16")
+    dtypes = {s.role: s.dtype for s in variant.decoder_step.inputs + variant.decoder_step.outputs}
+    assert dtypes["self_key"] == dtypes["present_value"] == dtypes["cross_key"] == "float16"
+    assert dtypes["log_probs"] == dtypes["top_log_probs"] == "float32" and dtypes["top_ids"] == "int64"
+    assert {s.dtype for s in variant.encoder.outputs} == {"float16"}
+    for graph in (variant.encoder, variant.decoder_step):
+        model = onnx.load(halved / graph.file)
+        kinds = {t.data_type for t in model.graph.initializer}
+        assert onnx.TensorProto.FLOAT not in kinds and onnx.TensorProto.FLOAT16 in kinds  # every weight halved
+        assert graph.file in folder.manifest.files  # checksummed
+    assert (halved / variant.decoder_step.file).stat().st_size < 0.6 * (halved / "decoder_step.onnx").stat().st_size
+
+
+def test_the_runtime_keeps_a_float16_cache_and_matches_pytorch(halved: Path, checkpoint) -> None:
+    runtime = OnnxRuntime(load_model_folder(halved), "fp16")
+    cache = runtime.new_cache()
+    assert runtime.cache_dtype == "float16" and cache.self_keys[0].dtype == np.float16 and not cache.on_gpu
+    model = checkpoint.build_model()
+    for seed, shape in enumerate([(1, 1, 3), (4, 11, 5), (3, 6, 40)]):  # 40 steps: the cache grows twice
+        assert teacher_forced_diff(model, runtime, shape, seed) < FP16_TOLERANCE
+    assert same_decodings(model, runtime, 1, seed=0) and same_decodings(model, runtime, 4, seed=0)
+
+
+def test_the_masking_constant_stays_finite(halved: Path) -> None:
+    """The fp32 graphs mask with float32's minimum, which is -inf in float16: it must become -65504."""
+    model = onnx.load(halved / load_model_folder(halved).variant("fp16").decoder_step.file)
+    values = np.concatenate([onnx.numpy_helper.to_array(t).ravel() for t in model.graph.initializer
+                             if t.data_type == onnx.TensorProto.FLOAT16])
+    assert np.isfinite(values).all() and values.min() == -65504
+
+
+def test_make_default_and_a_folder_without_fp32(halved: Path, tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(halved, tmp_path / "d"))
+    add_fp16_variant(folder, make_default=True)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["default_variant"] == "fp16"
+    del manifest["variants"]["fp32"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match="no fp32 variant to convert"):
+        add_fp16_variant(folder)
+
+
+def test_a_float16_graph_declared_float32_is_refused(halved: Path, tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(halved, tmp_path / "w"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["variants"]["fp16"]["decoder_step"]["inputs"][2]["dtype"] = "float32"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelFolderError, match="is tensor\\(float16\\) of rank 4 in the graph, float32"):
+        OnnxRuntime(load_model_folder(folder, verify_checksums=False), "fp16")
