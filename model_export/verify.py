@@ -17,7 +17,6 @@ from model_export.errors import ExportError
 from model_export.model import Transformer
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
-from service.kv_cache import DecoderCache
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime
 
@@ -67,7 +66,7 @@ def teacher_forced_diff(model: Transformer, runtime: OnnxRuntime, shape: tuple[i
     with torch.no_grad():
         expected = model(src_ids, src_mask, tgt).numpy()  # (B, T, V)
     memory = runtime.encode(src_ids.numpy(), src_mask.numpy())
-    cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
+    cache = runtime.new_cache()
     cache.add(memory.keys, memory.values, src_mask.numpy())
     worst = 0.0
     for t in range(steps):

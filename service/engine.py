@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.decoding import Hypothesis, Search, SearchOptions, new_search
-from service.kv_cache import DecoderCache
 from service.runtime import Runtime
 
 
@@ -79,7 +78,7 @@ def decode_batch(
     """Static batching: encode every source once, step until every search is done."""
     src_ids, src_mask = pad_batch(sources, rules.pad_id)
     memory = runtime.encode(src_ids, src_mask)  # keys and values (L, b, H, S, Dh)
-    cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
+    cache = runtime.new_cache()
     cache.add(memory.keys, memory.values, src_mask)
     del memory  # the cache holds its own copy
     searches = [new_search(rules.decoder_start_id, rules.eos_id, o) for o in options]

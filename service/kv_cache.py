@@ -7,6 +7,8 @@ when it joins and shared by all of its rows (beams): `sentence` maps each row to
 step graph attends with every sentence's rows grouped (`sentence_rows`, `row_slots`). So beam search
 holds one copy of a source per sentence, not one per beam, and reads it once per step for all its
 beams. Rows are sentences or beams; the cache knows nothing of requests or searches.
+The buffers are the graphs' cache dtype (float32, or float16 for the fp16 variant), numpy arrays in host memory
+or, for a float16 graph on CUDA, CuPy arrays in GPU memory (the same array API: `xp`).
 Each layer's keys and values are an array of their own, (B, H, time, Dh): an append writes contiguous
 Dh vectors, and a buffer that grows or shrinks does so one layer at a time, so that the old and the new
 buffer are never both whole in memory (on the paper-size model at beam 4 x 32 that transient set the peak).
@@ -24,8 +26,12 @@ positions for every short sentence after it.
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 
+ArrayModule = ModuleType  # numpy, or cupy: the same array API over host or GPU memory
 MIN_CAPACITY = 16  # time slots
 TIME_AXIS = 2  # of each layer's (R, H, T, Dh) buffer
 BUFFERS = ("self_keys", "self_values", "cross_keys", "cross_values")
@@ -37,11 +43,16 @@ def _live(name: str, count: str) -> property:
 
 
 class DecoderCache:
-    def __init__(self, n_layers: int, n_heads: int, head_dim: int) -> None:
-        self.n_layers, self.n_heads, self.head_dim = n_layers, n_heads, head_dim
+    def __init__(
+        self, n_layers: int, n_heads: int, head_dim: int, dtype: str = "float32", xp: ArrayModule = np
+    ) -> None:
+        """`dtype`: the graphs' cache dtype (float16 for the fp16 variant); `xp`: the module the four buffers live
+        in, numpy (host memory) or CuPy (GPU memory, for a step graph that runs on CUDA). The small per-row index
+        arrays are numpy either way: the runtime binds them as host inputs."""
+        self.n_layers, self.n_heads, self.head_dim, self.xp = n_layers, n_heads, head_dim, xp
         self._store = {  # per layer (R, H, T, Dh) for rows, (R', H, S, Dh) for sentences; past the live ones: free
             name: [
-                np.zeros((0, n_heads, MIN_CAPACITY if name.startswith("self") else 1, head_dim), np.float32)
+                xp.zeros((0, n_heads, MIN_CAPACITY if name.startswith("self") else 1, head_dim), dtype)
                 for _ in range(n_layers)
             ]
             for name in BUFFERS
@@ -58,6 +69,10 @@ class DecoderCache:
     @property
     def sentences(self) -> int:
         return self.src_mask.shape[0]
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.xp is not np
 
     @property
     def capacity(self) -> int:
@@ -90,8 +105,8 @@ class DecoderCache:
         b, width, first = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1]), self.sentences
         self._reserve(self.rows + b, first + b, width)
         for name, new in (("cross_keys", cross_keys), ("cross_values", cross_values)):
-            for layer, new_layer in zip(self._store[name], new, strict=True):  # (R', H, S, Dh), (b, H, S', Dh)
-                layer[first : first + b, :, : new_layer.shape[TIME_AXIS]] = new_layer  # the rest is masked
+            for layer, new_layer in zip(self._store[name], self.xp.asarray(new), strict=True):  # (R', H, S, Dh)
+                layer[first : first + b, :, : new_layer.shape[TIME_AXIS]] = new_layer  # (b, H, S', Dh); rest masked
         self.src_mask = np.concatenate([widen_mask(self.src_mask, width), widen_mask(src_mask, width)], axis=0)
         self.lengths = np.concatenate([self.lengths, np.zeros(b, np.int64)])
         self.sentence = np.concatenate([self.sentence, np.arange(first, first + b)])
@@ -137,6 +152,7 @@ class DecoderCache:
         nothing). The right side is a copy, so every parent is read before any row is written; fancy indexing
         beats np.take on this strided slice (3.5 vs 6.3 ms per buffer at 128 rows, 20 of 32 slots)."""
         if targets.size and width:
+            targets, parents = self.xp.asarray(targets), self.xp.asarray(parents)  # (m,) on the buffers' device
             for layer in self._store[name]:  # (R, H, T, Dh)
                 layer[targets, :, :width] = layer[parents, :, :width]  # (m, H, width, Dh)
 
@@ -182,7 +198,7 @@ class DecoderCache:
         its rows are copied."""
         store, live = self._store[name], self.rows if name.startswith("self") else self.sentences
         for i in range(len(store)):
-            store[i] = resized(store[i], rows, time, live)  # (rows, H, time, Dh)
+            store[i] = resized(store[i], rows, time, live, self.xp)  # (rows, H, time, Dh)
 
 
 def group_rows(sentence: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -202,10 +218,10 @@ def group_rows(sentence: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return sentence_rows.reshape(n, group), row_slots
 
 
-def resized(layer: np.ndarray, rows: int, time: int, live: int) -> np.ndarray:
+def resized(layer: Any, rows: int, time: int, live: int, xp: ArrayModule = np) -> Any:
     """(R, H, T, Dh) -> (rows, H, time, Dh): the first `live` rows' first min(T, time) slots kept, zeros
-    elsewhere (the rows past the live ones hold nothing anyone reads)."""
-    out = np.zeros((rows, layer.shape[1], time, layer.shape[3]), layer.dtype)
+    elsewhere (the rows past the live ones hold nothing anyone reads). `layer`: a numpy or CuPy array (xp's)."""
+    out = xp.zeros((rows, layer.shape[1], time, layer.shape[3]), layer.dtype)
     kept = min(time, layer.shape[TIME_AXIS])
     out[:live, :, :kept] = layer[:live, :, :kept]  # (live, H, kept, Dh)
     return out

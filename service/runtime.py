@@ -13,6 +13,8 @@ import ctypes
 import ctypes.util
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
@@ -34,6 +36,7 @@ class SessionSettings:
     inter_op_threads: int = 1
     allow_spinning: bool = False  # busy-waiting threads fight every other thread on a small CPU
     encoder_threads: int = 0  # intra-op threads of the encoder's session; 0: as intra_op_threads
+    experimental_gpu_fp16: bool = False  # run a float16 cache on CUDA although it failed its GPU tests (see below)
 
 
 CPU_DISABLED_FUSIONS = ["SkipLayerNormFusion"]
@@ -60,6 +63,10 @@ class Runtime(Protocol):
     head_dim: int
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory: ...
+
+    def new_cache(self) -> DecoderCache:
+        """An empty cache in the dtype and the memory (host or GPU) that `step` binds."""
+        ...
 
     def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput:
         """One token per row; the row's key and value of this step end up in `cache`, which counts the step."""
@@ -102,6 +109,35 @@ def step_candidates(folder: ModelFolder, variant: VariantSpec) -> tuple[np.ndarr
     banned = np.array(sorted({ids.pad, ids.decoder_start}), np.int64)
     width = next(s for s in variant.decoder_step.outputs if s.role == "top_ids").shape[1]
     return banned, int(width) - len(banned)
+
+
+def refuse_unverified_gpu_fp16(providers: list[str], cache_dtype: str, allowed: bool, where: Path) -> None:
+    """A float16 step graph on CUDA is refused: on the one GPU we had (H200, onnxruntime-gpu 1.31.1 with its
+    kernels for other GPUs removed to fit the transfer), CUDA GroupQueryAttention did not write the decoder cache
+    bound in place, so its translations were wrong (tests/service/test_gpu.py, README "GPU"). float32 on CUDA passed
+    (its self-attention runs on the CPU provider). `allowed` (tests, benchmarks) runs it anyway."""
+    if providers[0] == "CUDAExecutionProvider" and cache_dtype == "float16" and not allowed:
+        raise ModelFolderError(
+            f"{where}: a float16 variant on CUDA failed its GPU tests (the decoder cache was not updated): run "
+            "variant fp32 with MT_PROVIDERS=cuda, or fp16/int8 on the CPU"
+        )
+
+
+def gpu_array_module(providers: list[str], cache_dtype: str) -> ModuleType | None:
+    """CuPy, where the cache should live in GPU memory: the step graph runs on CUDA and its self-attention
+    (GroupQueryAttention) has a CUDA kernel for the cache's dtype (float16; float32 runs on the CPU provider, beside
+    a host cache). None: a host (numpy) cache, with a warning when CuPy is what is missing."""
+    if providers[0] != "CUDAExecutionProvider" or cache_dtype != "float16":
+        return None
+    try:
+        import cupy  # the CUDA image installs it; see the Dockerfile's cuda target
+    except ImportError:
+        log.warning(
+            "CuPy is not installed: the decoder cache stays in host memory and is copied to the GPU every "
+            "step; install cupy-cuda13x to keep it on the GPU"
+        )
+        return None
+    return cupy
 
 
 def ortvalue(array: np.ndarray) -> ort.OrtValue:
@@ -177,6 +213,12 @@ class OnnxRuntime:
         self._dec_out = [dec.one(role) for role in ("top_log_probs", "top_ids")]
         self._dec_log_probs = dec.one("log_probs")
         self.banned, self.top_k = step_candidates(folder, spec)  # never generated; clean candidates per row
+        self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
+        refuse_unverified_gpu_fp16(self.providers, self.cache_dtype, settings.experimental_gpu_fp16, folder.path)
+        self.gpu = gpu_array_module(self.providers, self.cache_dtype)  # None: the cache in host memory
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(self.n_layers, self.n_heads, self.head_dim, self.cache_dtype, self.gpu or np)
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
         outputs = self.encoder.run(self._enc_out, dict(zip(self._enc_in, (src_ids, src_mask), strict=True)))
@@ -198,22 +240,45 @@ class OnnxRuntime:
             ("row_slots", cache.row_slots),  # (B,)
         ):
             binding.bind_cpu_input(self._dec_one[role], np.ascontiguousarray(array))
-        for role, layers in (("cross_key", cache.cross_keys), ("cross_value", cache.cross_values)):
-            for name, layer in zip(self._dec_in[role], layers, strict=True):
-                binding.bind_cpu_input(name, layer)  # (N, H, S, Dh) a contiguous view, not copied
         wanted = self._dec_out + ([self._dec_log_probs] if full else [])
         for name in wanted:
-            binding.bind_output(name)
-        for role, layers in (("key", cache.self_keys), ("value", cache.self_values)):
-            for past, present, layer in zip(self._dec_in[f"self_{role}"], self._dec_present[role], layers, strict=True):
-                buffer = ortvalue(layer)  # (B, H, T, Dh) the cache's memory: read, and written at each row's slot
-                binding.bind_ortvalue_input(past, buffer)
-                binding.bind_ortvalue_output(present, buffer)
+            binding.bind_output(name)  # host memory
+        if cache.on_gpu:
+            bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
+            cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
+        else:
+            bind_host_cache(binding, self._dec_in, self._dec_present, cache)
         self.decoder.run_with_iobinding(binding)
         top_log_probs, top_ids, *rest = (value.numpy() for value in binding.get_outputs()[: len(wanted)])
         cache.advance()
         top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.banned, self.top_k)
         return StepOutput(top_log_probs, top_ids, *rest)
+
+
+def bind_host_cache(binding: ort.IOBinding, inputs: dict, presents: dict, cache: DecoderCache) -> None:
+    """The cache's numpy buffers as the step's inputs, and each self-attention buffer also as its present output:
+    the graph writes each row's new key and value into it, in place."""
+    for role, layers in (("cross_key", cache.cross_keys), ("cross_value", cache.cross_values)):
+        for name, layer in zip(inputs[role], layers, strict=True):
+            binding.bind_cpu_input(name, layer)  # (N, H, S, Dh) a contiguous view, not copied
+    for role, layers in (("key", cache.self_keys), ("value", cache.self_values)):
+        for past, present, layer in zip(inputs[f"self_{role}"], presents[role], layers, strict=True):
+            buffer = ortvalue(layer)  # (B, H, T, Dh) the cache's memory: read, and written at each row's slot
+            binding.bind_ortvalue_input(past, buffer)
+            binding.bind_ortvalue_output(present, buffer)
+
+
+def bind_gpu_cache(binding: ort.IOBinding, inputs: dict, presents: dict, cache: DecoderCache) -> None:
+    """As bind_host_cache, for CuPy buffers in GPU memory: bound by device pointer, never copied to the host."""
+    device = cache.xp.cuda.Device().id
+    for role, layers in (("cross_key", cache.cross_keys), ("cross_value", cache.cross_values)):
+        for name, layer in zip(inputs[role], layers, strict=True):  # (N, H, S, Dh) contiguous
+            binding.bind_input(name, "cuda", device, layer.dtype, list(layer.shape), layer.data.ptr)
+    for role, layers in (("key", cache.self_keys), ("value", cache.self_values)):
+        for past, present, layer in zip(inputs[f"self_{role}"], presents[role], layers, strict=True):
+            shape = list(layer.shape)  # (B, H, T, Dh): read, and written at each row's slot
+            binding.bind_input(past, "cuda", device, layer.dtype, shape, layer.data.ptr)
+            binding.bind_output(present, "cuda", device, layer.dtype, shape, layer.data.ptr)
 
 
 def drop_banned(top_log_probs: np.ndarray, top_ids: np.ndarray, banned: np.ndarray, k: int) -> tuple:

@@ -25,7 +25,6 @@ import numpy as np
 from service.decoding import Hypothesis, Search, SearchOptions, new_search
 from service.engine import TokenRules, advance_all, decode_batch, pad_batch
 from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
-from service.kv_cache import DecoderCache
 from service.metrics import Metrics
 from service.runtime import Memory, Runtime
 
@@ -131,7 +130,7 @@ class Scheduler:
         self.active: list[Running] = []
         overlap = limits.overlap_encoder and not limits.static
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix=f"encoder-{model}") if overlap else None
-        self.cache = DecoderCache(runtime.n_layers, runtime.n_heads, runtime.head_dim)
+        self.cache = runtime.new_cache()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -373,7 +372,7 @@ class Scheduler:
         except Exception as error:  # noqa: BLE001 - fail this batch's requests, keep serving
             self._fail([r.job for r in self.active], error)
             self.active = []
-            self.cache = DecoderCache(self.runtime.n_layers, self.runtime.n_heads, self.runtime.head_dim)
+            self.cache = self.runtime.new_cache()
             return
         order, rows = advance_all(searches, out.top_log_probs, out.top_ids)
         self.cache.select(rows)

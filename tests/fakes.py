@@ -32,6 +32,9 @@ class FakeRuntime:
         keys[0, :, 0, 0, 0] = signature
         return Memory(keys, np.zeros((1, len(src_ids), 1, src_ids.shape[1], 1), np.float32))
 
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(self.n_layers, self.n_heads, self.head_dim)
+
     def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput:
         self.steps += 1
         self.step_rows.append(len(input_ids))

@@ -205,3 +205,15 @@ def test_capacity_grows_by_a_quarter_in_whole_blocks() -> None:
         seen.append(cache.capacity)
     assert sorted(set(seen)) == [16, 32, 48, 64, 96, 128]
     assert stacked(cache.self_keys)[0, 0, 0, :100, 0].tolist() == list(range(100))  # every growth kept them
+
+
+def test_a_float16_cache_keeps_its_dtype_through_joins_reorders_and_growth() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4, dtype="float16")
+    cache.add(*memory(2, 5, 1.0))
+    for t in range(MIN_CAPACITY + 1):  # the time axis grows once
+        append(cache, step(2, float(t)), step(2, float(t)))
+    cache.add(*memory(1, 8, 2.0))  # a longer source: the cross buffers widen
+    cache.select(np.array([1, 1, 2]))
+    for layers in (cache.self_keys, cache.self_values, cache.cross_keys, cache.cross_values):
+        assert {layer.dtype for layer in layers} == {np.dtype(np.float16)}
+    assert stacked(cache.self_keys)[0, 0, 0, :3, 0].tolist() == [0.0, 1.0, 2.0] and not cache.on_gpu

@@ -1,14 +1,23 @@
 """Execution providers: CUDA when asked and present, CPU with a warning when it is not; thread counts."""
 
 import logging
+import sys
+import types
 from pathlib import Path
 
 import onnxruntime as ort
 import pytest
 
+from service.errors import ModelFolderError
 from service.metrics import Metrics
 from service.model_folder import load_model_folder
-from service.runtime import OnnxRuntime, SessionSettings, usable_providers
+from service.runtime import (
+    OnnxRuntime,
+    SessionSettings,
+    gpu_array_module,
+    refuse_unverified_gpu_fp16,
+    usable_providers,
+)
 from service.settings import SHIPPED_MODELS, Settings, available_cores
 from service.translator import SHARED_STEP_MACS, decoder_macs_per_token, intra_op_threads, load_translators
 
@@ -28,6 +37,30 @@ def test_cuda_requested_without_cuda_falls_back_to_cpu_with_a_warning(
         )
     assert runtime.providers == ["CPUExecutionProvider"]
     assert "execution provider CUDAExecutionProvider is not available" in caplog.text
+
+
+def test_the_cache_lives_in_gpu_memory_only_beside_a_cuda_float16_step(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    fake_cupy = types.ModuleType("cupy")
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    assert gpu_array_module(cuda, "float16") is fake_cupy
+    assert gpu_array_module(cuda, "float32") is None  # float32 GroupQueryAttention runs on the CPU provider
+    assert gpu_array_module(["CPUExecutionProvider"], "float16") is None
+    monkeypatch.setitem(sys.modules, "cupy", None)  # not installed: the import fails
+    with caplog.at_level(logging.WARNING, logger="service.runtime"):
+        assert gpu_array_module(cuda, "float16") is None
+    assert "CuPy is not installed: the decoder cache stays in host memory" in caplog.text
+
+
+def test_a_float16_variant_on_cuda_is_refused_until_its_gpu_tests_pass() -> None:
+    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    with pytest.raises(ModelFolderError, match="run variant fp32 with MT_PROVIDERS=cuda"):
+        refuse_unverified_gpu_fp16(cuda, "float16", allowed=False, where=Path("m"))
+    refuse_unverified_gpu_fp16(cuda, "float32", allowed=False, where=Path("m"))
+    refuse_unverified_gpu_fp16(["CPUExecutionProvider"], "float16", allowed=False, where=Path("m"))
+    refuse_unverified_gpu_fp16(cuda, "float16", allowed=True, where=Path("m"))
 
 
 @pytest.mark.parametrize(("batching", "encoder_threads"), [("continuous", 1), ("static", 2)])
