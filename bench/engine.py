@@ -5,7 +5,9 @@ process (so its peak RSS is its own, and loading is not timed); the runs alterna
 
     python -m bench.engine paper     # paper-size Marian-shaped model, random weights (fixed seed)
     python -m bench.engine default   # the shipped default model: the same workload, then real text
-    python -m bench.engine paper --device cuda   # every engine on the GPU (needs onnxruntime-gpu, CUDA torch)
+    python -m bench.engine paper --device cuda   # on the GPU: ours fp16 (and fp32), CTranslate2 float16,
+                                                 # int8_float16 and float32, transformers fp16 and fp32
+                                                 # (needs onnxruntime-gpu, CuPy, CUDA torch, CTranslate2)
 """
 
 from __future__ import annotations
@@ -71,9 +73,13 @@ class Ours:
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
-        self.runtime = OnnxRuntime(loaded, variant, SessionSettings(providers=providers, intra_op_threads=THREADS))
+        settings = SessionSettings(providers=providers, intra_op_threads=THREADS, experimental_gpu_fp16=True)
+        self.runtime = OnnxRuntime(loaded, variant, settings)  # fp16 on CUDA: its outputs are wrong (README "GPU")
         if self.runtime.providers[0] != providers[0]:
             raise SystemExit(f"ONNX Runtime cannot run on {device} here (it offers {self.runtime.providers})")
+        if device == "cuda":
+            where = "GPU" if self.runtime.gpu else "host"
+            print(f"ours-{variant}: {self.runtime.providers}, decoder cache in {where} memory", flush=True)
         ids = loaded.manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
 
@@ -90,13 +96,13 @@ class Ours:
 
 
 class Transformers:
-    def __init__(self, hf_dir: Path, device: str = "cpu") -> None:
+    def __init__(self, hf_dir: Path, device: str = "cpu", dtype: str = "float32") -> None:
         import torch
         from transformers import MarianMTModel
 
         torch.set_num_threads(THREADS)
         self.torch = torch
-        self.model = MarianMTModel.from_pretrained(hf_dir).eval().to(device)
+        self.model = MarianMTModel.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval().to(device)
         self.device = device
         self.eos, self.pad = self.model.config.eos_token_id, self.model.config.pad_token_id
 
@@ -150,7 +156,11 @@ class CTranslate2:
 
 def worker(kind: str, args: dict[str, Any], conn: Any) -> None:
     """Loads one engine, then runs what the parent sends until it sends None."""
-    engine = {"ours": Ours, "transformers": Transformers, "ctranslate2": CTranslate2}[kind](**args)
+    try:
+        engine = {"ours": Ours, "transformers": Transformers, "ctranslate2": CTranslate2}[kind](**args)
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - any engine's failure to load, reported, not hung on
+        conn.send(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        return
     conn.send(rss_mb("VmRSS"))  # resident once loaded (loading's own transient peak shows in the peaks)
     while (job := conn.recv()) is not None:
         sources, beam, batch, forced = job
@@ -168,7 +178,12 @@ class Engine:
         self.conn, child = mp.get_context("spawn").Pipe()
         self.process = mp.get_context("spawn").Process(target=worker, args=(kind, args, child), daemon=True)
         self.process.start()
-        self.loaded_rss_mb: float = self.conn.recv()
+        child.close()  # the worker holds the only other end: its death ends our recv
+        loaded = self.conn.recv()
+        if isinstance(loaded, str):
+            self.process.join(timeout=30)
+            raise RuntimeError(loaded)
+        self.loaded_rss_mb: float = loaded
 
     def run(self, sources: list[list[int]], setting: Setting, forced: int | None) -> tuple[Result, list[list[int]]]:
         self.conn.send((sources[: setting.sentences], setting.beam, setting.batch, forced))
@@ -240,8 +255,9 @@ def make_random_marian(hf_dir: Path, seed: int) -> None:
     (hf_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config), encoding="utf-8")
 
 
-def convert_peers(base: Path) -> None:
-    """Our folder (+ int8) and CTranslate2 float32/int8 models from the Hugging Face Marian folder."""
+def convert_peers(base: Path, device: str = "cpu") -> None:
+    """Our folder (+ fp16, + int8 for a CPU) and CTranslate2 models from the Hugging Face Marian folder
+    (float32 and int8 for a CPU; float32 for a GPU, which CTranslate2 converts to float16 or int8 at load)."""
     hf, ours = base / "hf", base / "ours"
     if not written_by_this_exporter(ours):
         shutil.rmtree(ours, ignore_errors=True)
@@ -259,15 +275,17 @@ def convert_peers(base: Path) -> None:
             "--target-languages",
             "fr",
         )
+    variants = json.loads((ours / "manifest.json").read_text(encoding="utf-8"))["variants"]
+    if device == "cpu" and "int8" not in variants:
         run_command(sys.executable, "-m", "model_export", "quantize", "--model-dir", str(ours))
-    converter = shutil.which("ct2-transformers-converter") or str(
-        Path(sys.executable).parent / "ct2-transformers-converter"
-    )
-    for quantization in ("float32", "int8"):
+    if "fp16" not in variants:
+        run_command(sys.executable, "-m", "model_export", "half", "--model-dir", str(ours))
+    converter = [sys.executable, "-m", "ctranslate2.converters.transformers"]  # ct2-transformers-converter
+    for quantization in ("float32",) if device == "cuda" else ("float32", "int8"):
         target = base / f"ct2-{quantization}"
         if not (target / "model.bin").exists():
             run_command(
-                converter, "--model", str(hf), "--output_dir", str(target), "--quantization", quantization, "--force"
+                *converter, "--model", str(hf), "--output_dir", str(target), "--quantization", quantization, "--force"
             )
 
 
@@ -279,11 +297,11 @@ def written_by_this_exporter(folder: Path) -> bool:
     return json.loads(manifest.read_text(encoding="utf-8")).get("format_version") == graph_io.FORMAT_VERSION
 
 
-def prepare_paper(seed: int) -> Path:
+def prepare_paper(seed: int, device: str) -> Path:
     base = WORK / "paper"
     if not (base / "hf" / "config.json").exists():
         make_random_marian(base / "hf", seed)
-    convert_peers(base)
+    convert_peers(base, device)
     return base
 
 
@@ -335,20 +353,35 @@ def random_sources(hf_dir: Path, n: int, length: int, seed: int) -> list[list[in
 # -- the benchmark ------------------------------------------------------------------------------
 
 
+CPU_ENGINES = "ours-int8,ours-fp32,ct2-int8,ct2-float32,transformers-fp32"
+GPU_ENGINES = "ours-fp16,ours-fp32,ct2-float16,ct2-int8_float16,ct2-float32,transformers-fp16,transformers-fp32"
+REFERENCE = {"cpu": "ours-int8", "cuda": "ours-fp16"}  # the engine each table's ratios divide
+
+
 def start_engines(base: Path, which: list[str], device: str) -> list[Engine]:
     pieces = vocabulary_pieces(base / "hf")
     specs = {
         "ours-int8": ("ours", {"folder": base / "ours", "variant": "int8"}),
         "ours-fp32": ("ours", {"folder": base / "ours", "variant": "fp32"}),
+        "ours-fp16": ("ours", {"folder": base / "ours", "variant": "fp16"}),
         "ct2-int8": ("ctranslate2", {"ct2_dir": base / "ct2-int8", "compute_type": "int8", "pieces": pieces}),
-        "ct2-float32": ("ctranslate2", {"ct2_dir": base / "ct2-float32", "compute_type": "float32", "pieces": pieces}),
         "transformers-fp32": ("transformers", {"hf_dir": base / "hf"}),
+        "transformers-fp16": ("transformers", {"hf_dir": base / "hf", "dtype": "float16"}),
     }
+    for compute_type in ("float32", "float16", "int8_float16"):  # the float32 model, converted at load
+        args = {"ct2_dir": base / "ct2-float32", "compute_type": compute_type, "pieces": pieces}
+        specs[f"ct2-{compute_type}"] = ("ctranslate2", args)
     engines = []
     for name in which:
         kind, args = specs[name]
-        engines.append(Engine(name, kind, device=device, **args))
+        try:
+            engines.append(Engine(name, kind, device=device, **args))
+        except (RuntimeError, EOFError) as error:
+            print(f"skipped {name}: it did not load ({error or 'the worker died'})", flush=True)
+            continue
         print(f"loaded {name}: {engines[-1].loaded_rss_mb:.0f} MB", flush=True)
+    if not engines:
+        raise SystemExit("no engine loaded")
     return engines
 
 
@@ -373,14 +406,14 @@ def benchmark(engines: list[Engine], sources: list[list[int]], settings: list[Se
     return list(best.values())
 
 
-def table(results: list[Result]) -> str:
+def table(results: list[Result], reference: str = "ours-int8") -> str:
     by = {(r.engine, r.beam, r.batch): r for r in results}
     lines = [
-        "| engine | search | batch | sentences/s | target tok/s | ours-int8 ÷ this |",
+        f"| engine | search | batch | sentences/s | target tok/s | {reference} ÷ this |",
         "|---|---|---|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.beam, r.batch, -r.tokens_per_second)):
-        ours = by.get(("ours-int8", r.beam, r.batch))
+        ours = by.get((reference, r.beam, r.batch))
         ratio = f"{ours.tokens_per_second / r.tokens_per_second:.2f}" if ours else "-"
         search = "greedy" if r.beam == 1 else f"beam {r.beam}"
         lines.append(
@@ -436,7 +469,7 @@ def real_text(engines: list[Engine], corpus: Path, rounds: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=["paper", "default"])
-    parser.add_argument("--engines", default="ours-int8,ours-fp32,ct2-int8,ct2-float32,transformers-fp32")
+    parser.add_argument("--engines", help=f"comma-separated; default on cpu: {CPU_ENGINES}; on cuda: {GPU_ENGINES}")
     parser.add_argument("--sentences", type=int, default=256, help="sources at batch 32")
     parser.add_argument("--sentences-batch-1", type=int, default=32, help="sources at batch 1 (slow engines)")
     parser.add_argument("--rounds", type=int, default=2)
@@ -446,14 +479,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every engine on the GPU")
     parser.add_argument("--skip-forced", action="store_true", help="default: only the real-text run")
     args = parser.parse_args(argv)
-    base = prepare_paper(args.seed) if args.model == "paper" else prepare_default(args.checkpoint)
+    base = prepare_paper(args.seed, args.device) if args.model == "paper" else prepare_default(args.checkpoint)
     sources = random_sources(base / "hf", max(args.sentences, args.sentences_batch_1), 24, args.seed)
     settings = [
         Setting(beam, batch, args.sentences if batch > 1 else args.sentences_batch_1)
         for beam in (1, 4)
         for batch in (32, 1)
     ]
-    engines = start_engines(base, args.engines.split(","), args.device)
+    which = args.engines or (GPU_ENGINES if args.device == "cuda" else CPU_ENGINES)
+    engines = start_engines(base, which.split(","), args.device)
     try:
         results = [] if args.skip_forced else benchmark(engines, sources, settings, args.rounds)
         real = real_text(engines, args.corpus, args.rounds) if args.model == "default" else ""
@@ -461,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         for engine in engines:
             engine.close()
     loaded = {e.name: e.loaded_rss_mb for e in engines}
-    print(table(results))
+    print(table(results, REFERENCE[args.device]))
     print("\nMemory\n" + memory_table(results, loaded))
     if real:
         print("\nReal text: the default model's test set, greedy, batch 32\n" + real)
