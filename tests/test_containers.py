@@ -318,3 +318,15 @@ def test_the_rules_use_only_exported_metrics_and_their_own_records(live_metric_n
     recorded = set(re.findall(r"record:\s*(\S+)", text))
     undefined = set(RECORDED.findall(text)) - recorded
     assert not undefined, f"{RULES.name} uses recording rules it does not define: {sorted(undefined)}"
+
+
+def test_the_gpu_override_runs_fp32_on_cuda_first() -> None:
+    """The variant whose products all run on the GPU; fp16 is refused on CUDA (README "GPU")."""
+    reason = compose_cli_missing()
+    if reason:
+        pytest.skip(reason)
+    files = ["--file", "docker-compose.yml", "--file", "docker-compose.gpu.yml"]
+    result = run(["docker", "compose", "--env-file", os.devnull, *files, "config", "--format", "json"])
+    assert result.returncode == 0, result.stderr
+    environment = json.loads(result.stdout)["services"]["translator"]["environment"]
+    assert environment["MT_VARIANT"] == "fp32" and environment["MT_PROVIDERS"] == "cuda,cpu"
