@@ -255,9 +255,9 @@ def make_random_marian(hf_dir: Path, seed: int) -> None:
     (hf_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config), encoding="utf-8")
 
 
-def convert_peers(base: Path, device: str = "cpu") -> None:
-    """Our folder (+ fp16, + int8 for a CPU) and CTranslate2 models from the Hugging Face Marian folder
-    (float32 and int8 for a CPU; float32 for a GPU, which CTranslate2 converts to float16 or int8 at load)."""
+def convert_peers(base: Path, engines: list[str]) -> None:
+    """Our folder with the variants `engines` run, and the CTranslate2 models they run (ct2-int8 its int8 model;
+    the others its float32 model, converted to float16 or int8_float16 at load), from the Hugging Face folder."""
     hf, ours = base / "hf", base / "ours"
     if not written_by_this_exporter(ours):
         shutil.rmtree(ours, ignore_errors=True)
@@ -276,12 +276,12 @@ def convert_peers(base: Path, device: str = "cpu") -> None:
             "fr",
         )
     variants = json.loads((ours / "manifest.json").read_text(encoding="utf-8"))["variants"]
-    if device == "cpu" and "int8" not in variants:
-        run_command(sys.executable, "-m", "model_export", "quantize", "--model-dir", str(ours))
-    if "fp16" not in variants:
-        run_command(sys.executable, "-m", "model_export", "half", "--model-dir", str(ours))
+    for variant, command in (("int8", "quantize"), ("fp16", "half")):
+        if f"ours-{variant}" in engines and variant not in variants:
+            run_command(sys.executable, "-m", "model_export", command, "--model-dir", str(ours))
     converter = [sys.executable, "-m", "ctranslate2.converters.transformers"]  # ct2-transformers-converter
-    for quantization in ("float32",) if device == "cuda" else ("float32", "int8"):
+    needed = {"int8" if name == "ct2-int8" else "float32" for name in engines if name.startswith("ct2-")}
+    for quantization in sorted(needed):
         target = base / f"ct2-{quantization}"
         if not (target / "model.bin").exists():
             run_command(
@@ -297,11 +297,11 @@ def written_by_this_exporter(folder: Path) -> bool:
     return json.loads(manifest.read_text(encoding="utf-8")).get("format_version") == graph_io.FORMAT_VERSION
 
 
-def prepare_paper(seed: int, device: str) -> Path:
+def prepare_paper(seed: int, engines: list[str]) -> Path:
     base = WORK / "paper"
     if not (base / "hf" / "config.json").exists():
         make_random_marian(base / "hf", seed)
-    convert_peers(base, device)
+    convert_peers(base, engines)
     return base
 
 
@@ -479,15 +479,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every engine on the GPU")
     parser.add_argument("--skip-forced", action="store_true", help="default: only the real-text run")
     args = parser.parse_args(argv)
-    base = prepare_paper(args.seed, args.device) if args.model == "paper" else prepare_default(args.checkpoint)
+    which = (args.engines or (GPU_ENGINES if args.device == "cuda" else CPU_ENGINES)).split(",")
+    base = prepare_paper(args.seed, which) if args.model == "paper" else prepare_default(args.checkpoint)
     sources = random_sources(base / "hf", max(args.sentences, args.sentences_batch_1), 24, args.seed)
     settings = [
         Setting(beam, batch, args.sentences if batch > 1 else args.sentences_batch_1)
         for beam in (1, 4)
         for batch in (32, 1)
     ]
-    which = args.engines or (GPU_ENGINES if args.device == "cuda" else CPU_ENGINES)
-    engines = start_engines(base, which.split(","), args.device)
+    engines = start_engines(base, which, args.device)
     try:
         results = [] if args.skip_forced else benchmark(engines, sources, settings, args.rounds)
         real = real_text(engines, args.corpus, args.rounds) if args.model == "default" else ""

@@ -18,7 +18,7 @@ from model_export import graph_io
 from model_export.checkpoint import Checkpoint
 from model_export.errors import ExportError
 from model_export.onnx_graphs import build_decoder_step, build_encoder
-from service.model_folder import FORMAT, MANIFEST, sha256_of
+from service.model_folder import FORMAT, MANIFEST, ModelFolder, load_model_folder, sha256_of
 
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder_step.onnx"
 
@@ -74,6 +74,29 @@ def build_manifest(checkpoint: Checkpoint, folder: Path, name: str, version: str
 
 def write_manifest(folder: Path, manifest: dict) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def fp32_copy(folder_path: Path, precision: str, verb: str) -> tuple[ModelFolder, dict, dict]:
+    """What a derived variant (int8, fp16) starts from: the loaded folder, its manifest as JSON, and a copy of its
+    fp32 variant named `precision`, whose graphs the caller converts."""
+    folder = load_model_folder(folder_path)
+    if "fp32" not in folder.manifest.variants:
+        raise ExportError(f"{folder_path}: no fp32 variant to {verb}")
+    manifest = json.loads((folder_path / MANIFEST).read_text(encoding="utf-8"))
+    variant = json.loads(folder.manifest.variants["fp32"].model_dump_json())
+    variant["precision"] = precision
+    return folder, manifest, variant
+
+
+def add_variant(folder_path: Path, manifest: dict, variant: dict, written: list[str], make_default: bool) -> dict:
+    """Records a derived variant and its new files in the manifest, writes it, and checks the folder still loads."""
+    manifest["variants"][variant["precision"]] = variant
+    manifest["files"].update(file_entries(folder_path, written))
+    if make_default:
+        manifest["default_variant"] = variant["precision"]
+    write_manifest(folder_path, manifest)
+    load_model_folder(folder_path)  # the folder must still load
+    return manifest
 
 
 def export_folder(checkpoint: Checkpoint, folder: Path, name: str, version: str) -> Path:

@@ -2,9 +2,10 @@
 cache in float16, except the step graph's distribution, which LogSoftmax and TopK compute in float32 from the
 float16 logits (beam scores sum these log-probs over every step).
 
-On a GPU this is the variant to run: ONNX Runtime's CUDA GroupQueryAttention takes float16 (not float32), so only
-here does self-attention run beside the cache in GPU memory (service.runtime keeps it there). On a CPU the int8
-variant is the fast one; fp16 runs there too (the tests check it), slowly.
+It is meant for GPUs: ONNX Runtime's CUDA GroupQueryAttention takes float16 (not float32), so only here could
+self-attention run beside a cache in GPU memory. On the one GPU run that did not update the cache, and the server
+refuses this variant on CUDA for now (service.runtime.refuse_unverified_gpu_fp16; README "GPU"). On a CPU it runs
+(the tests check it), slower than int8.
 
 The conversion is ours, not onnxruntime.transformers' float16 converter: our graphs are small and known (every
 float constant is an initializer, no float-typed Cast or ConstantOfShape), and that converter breaks graph outputs
@@ -13,16 +14,13 @@ that must stay float32.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from model_export.errors import ExportError
-from model_export.export import file_entries, write_manifest
-from service.model_folder import MANIFEST, load_model_folder
+from model_export.export import add_variant, fp32_copy
 
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504: the fp32 graphs' masking constant (fp32 min) becomes -65504
 FLOAT32_ROLES = {"log_probs", "top_log_probs"}  # outputs that stay float32
@@ -56,12 +54,7 @@ def to_half(model: onnx.ModelProto, keep_float32: set[str]) -> onnx.ModelProto:
 
 def add_fp16_variant(folder_path: Path, make_default: bool = False) -> dict:
     """Converts the fp32 graphs into *.fp16.onnx files and adds variant 'fp16' to the manifest."""
-    folder = load_model_folder(folder_path)
-    if "fp32" not in folder.manifest.variants:
-        raise ExportError(f"{folder_path}: no fp32 variant to convert")
-    manifest = json.loads((folder_path / MANIFEST).read_text(encoding="utf-8"))
-    variant = json.loads(folder.manifest.variants["fp32"].model_dump_json())
-    variant["precision"] = "fp16"
+    folder, manifest, variant = fp32_copy(folder_path, "fp16", "convert")
     for graph in ("encoder", "decoder_step"):
         spec = variant[graph]
         keep = {s["name"] for s in spec["outputs"] if s["role"] in FLOAT32_ROLES}
@@ -71,10 +64,6 @@ def add_fp16_variant(folder_path: Path, make_default: bool = False) -> dict:
         for tensor in spec["inputs"] + spec["outputs"]:
             if tensor["dtype"] == "float32" and tensor["name"] not in keep:
                 tensor["dtype"] = "float16"
-    manifest["variants"]["fp16"] = variant
-    manifest["files"].update(file_entries(folder_path, [variant["encoder"]["file"], variant["decoder_step"]["file"]]))
-    if make_default:
-        manifest["default_variant"] = "fp16"
-    write_manifest(folder_path, manifest)
-    load_model_folder(folder_path)  # the folder must still load
-    return manifest
+    return add_variant(
+        folder_path, manifest, variant, [variant["encoder"]["file"], variant["decoder_step"]["file"]], make_default
+    )

@@ -5,7 +5,6 @@ The graphs' inputs and outputs are unchanged, so the server runs either variant 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,7 @@ import onnx
 from onnx import numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from model_export.errors import ExportError
-from model_export.export import file_entries, write_manifest
-from service.model_folder import MANIFEST, load_model_folder
+from model_export.export import add_variant, fp32_copy
 
 # With shared embeddings both int8 graphs quantize the same table the same way: it is written once, as ONNX
 # external data of both, and the server keeps one copy in memory (service.runtime.shared_initializers).
@@ -44,27 +41,15 @@ def add_int8_variant(
     folder_path: Path, per_channel: bool = True, make_default: bool = False, embeddings: bool = True
 ) -> dict:
     """Quantizes the fp32 graphs into *.int8.onnx files and adds variant 'int8' to the manifest."""
-    folder = load_model_folder(folder_path)
-    if "fp32" not in folder.manifest.variants:
-        raise ExportError(f"{folder_path}: no fp32 variant to quantize")
-    fp32 = folder.manifest.variants["fp32"]
-    manifest = json.loads((folder_path / MANIFEST).read_text(encoding="utf-8"))
-    variant = json.loads(fp32.model_dump_json())
-    variant["precision"] = "int8"
+    folder, manifest, variant = fp32_copy(folder_path, "int8", "quantize")
     for graph in ("encoder", "decoder_step"):
         name = int8_name(variant[graph]["file"])
         quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings)
         variant[graph]["file"] = name
     shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one
     variant["shared_initializers"] = shared
-    manifest["variants"]["int8"] = variant
     written = [variant["encoder"]["file"], variant["decoder_step"]["file"]] + [i["file"] for i in shared]
-    manifest["files"].update(file_entries(folder_path, written))
-    if make_default:
-        manifest["default_variant"] = "int8"
-    write_manifest(folder_path, manifest)
-    load_model_folder(folder_path)  # the folder must still load
-    return manifest
+    return add_variant(folder_path, manifest, variant, written, make_default)
 
 
 def share_embedding_table(folder: Path, variant: dict) -> list[dict]:

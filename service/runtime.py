@@ -130,7 +130,7 @@ def gpu_array_module(providers: list[str], cache_dtype: str) -> ModuleType | Non
     if providers[0] != "CUDAExecutionProvider" or cache_dtype != "float16":
         return None
     try:
-        import cupy  # the CUDA image installs it; see the Dockerfile's cuda target
+        import cupy  # not in the CUDA image: a float16 variant on CUDA is refused for now (refuse_unverified_gpu_fp16)
     except ImportError:
         log.warning(
             "CuPy is not installed: the decoder cache stays in host memory and is copied to the GPU every "
