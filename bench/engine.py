@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,18 @@ def rss_mb(field: str = "VmHWM") -> float:
 
 
 class Ours:
-    def __init__(self, folder: Path, variant: str, device: str = "cpu") -> None:
+    """Our runtime; with `streams` > 1, that many sub-batches decode at once on threads of their own, the cores
+    shared between them (as CTranslate2's inter_threads)."""
+
+    def __init__(self, folder: Path, variant: str, device: str = "cpu", streams: int = 1) -> None:
         from service.engine import TokenRules
         from service.model_folder import load_model_folder
         from service.runtime import OnnxRuntime, SessionSettings
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
-        settings = SessionSettings(providers=providers, intra_op_threads=THREADS, experimental_gpu_fp16=True)
+        threads = max(1, THREADS // streams)
+        settings = SessionSettings(providers=providers, intra_op_threads=threads, experimental_gpu_fp16=True)
         self.runtime = OnnxRuntime(loaded, variant, settings)  # fp16 on CUDA: its outputs are wrong (README "GPU")
         if self.runtime.providers[0] != providers[0]:
             raise SystemExit(f"ONNX Runtime cannot run on {device} here (it offers {self.runtime.providers})")
@@ -82,17 +87,23 @@ class Ours:
             print(f"ours-{variant}: {self.runtime.providers}, decoder cache in {where} memory", flush=True)
         ids = loaded.manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+        self.streams = streams
 
     def translate(self, sources: list[list[int]], beam: int, batch: int, forced: int | None) -> list[list[int]]:
         from service.decoding import SearchOptions
         from service.engine import decode_batch
 
         options = SearchOptions(beam_size=beam, max_new_tokens=forced or 256, min_new_tokens=forced or 0)
-        out = []
-        for start in range(0, len(sources), batch):
-            chunk = sources[start : start + batch]
-            out += [list(h[0].tokens) for h in decode_batch(self.runtime, chunk, [options] * len(chunk), self.rules)]
-        return out
+        size = max(1, batch // self.streams)  # each stream's sub-batch
+        chunks = [sources[start : start + size] for start in range(0, len(sources), size)]
+
+        def decode(chunk: list[list[int]]) -> list[list[int]]:
+            return [list(h[0].tokens) for h in decode_batch(self.runtime, chunk, [options] * len(chunk), self.rules)]
+
+        if self.streams == 1:  # on this thread: a pool's thread would get a malloc arena of its own (more RSS)
+            return [tokens for chunk in chunks for tokens in decode(chunk)]
+        with ThreadPoolExecutor(self.streams) as pool:  # ONNX Runtime releases the GIL while a graph runs
+            return [tokens for chunk in pool.map(decode, chunks) for tokens in chunk]
 
 
 class Transformers:
@@ -132,20 +143,26 @@ class Transformers:
 
 
 class CTranslate2:
-    def __init__(self, ct2_dir: Path, compute_type: str, pieces: list[str], device: str = "cpu") -> None:
+    """CTranslate2; with `streams` > 1, inter_threads: that many sub-batches decode at once, the cores shared."""
+
+    def __init__(
+        self, ct2_dir: Path, compute_type: str, pieces: list[str], device: str = "cpu", streams: int = 1
+    ) -> None:
         import ctranslate2
 
+        threads = max(1, THREADS // streams)
         self.translator = ctranslate2.Translator(
-            str(ct2_dir), device=device, compute_type=compute_type, inter_threads=1, intra_threads=THREADS
+            str(ct2_dir), device=device, compute_type=compute_type, inter_threads=streams, intra_threads=threads
         )
         self.pieces, self.ids = pieces, {p: i for i, p in enumerate(pieces)}
+        self.streams = streams
 
     def translate(self, sources: list[list[int]], beam: int, batch: int, forced: int | None) -> list[list[int]]:
         tokens = [[self.pieces[i] for i in s] for s in sources]
         extra = {"min_decoding_length": forced} if forced else {}
         results = self.translator.translate_batch(
             tokens,
-            max_batch_size=batch,
+            max_batch_size=max(1, batch // self.streams),
             beam_size=beam,
             max_decoding_length=forced or 256,
             length_penalty=1.0,
@@ -175,6 +192,7 @@ class Engine:
 
     def __init__(self, name: str, kind: str, **args: Any) -> None:
         self.name = name
+        self.streams: int = args.get("streams", 1)
         self.conn, child = mp.get_context("spawn").Pipe()
         self.process = mp.get_context("spawn").Process(target=worker, args=(kind, args, child), daemon=True)
         self.process.start()
@@ -353,9 +371,21 @@ def random_sources(hf_dir: Path, n: int, length: int, seed: int) -> list[list[in
 # -- the benchmark ------------------------------------------------------------------------------
 
 
-CPU_ENGINES = "ours-int8,ours-fp32,ct2-int8,ct2-float32,transformers-fp32"
+CPU_ENGINES = "ours-int8,ours-fp32,ct2-int8,ct2-float32,transformers-fp32,ours-int8@2x1,ct2-int8@2x1"
 GPU_ENGINES = "ours-fp16,ours-fp32,ct2-float16,ct2-int8_float16,ct2-float32,transformers-fp16,transformers-fp32"
 REFERENCE = {"cpu": "ours-int8", "cuda": "ours-fp16"}  # the engine each table's ratios divide
+
+
+def split_layout(name: str) -> tuple[str, int]:
+    """"ct2-int8@2x1" -> ("ct2-int8", 2): two sub-batches at once, the cores split between them (for batch 32,
+    two of 16 on one thread each: CTranslate2's inter_threads=2, intra_threads=1); no suffix: one batch, every core."""
+    engine, _, layout = name.partition("@")
+    if not layout:
+        return engine, 1
+    streams, _, threads = layout.partition("x")
+    if not (streams.isdigit() and threads.isdigit() and int(streams) * int(threads) == THREADS):
+        raise SystemExit(f"{name}: a layout is @STREAMSxTHREADS using {THREADS} threads in all, e.g. @2x1")
+    return engine, int(streams)
 
 
 def start_engines(base: Path, which: list[str], device: str) -> list[Engine]:
@@ -373,9 +403,15 @@ def start_engines(base: Path, which: list[str], device: str) -> list[Engine]:
         specs[f"ct2-{compute_type}"] = ("ctranslate2", args)
     engines = []
     for name in which:
-        kind, args = specs[name]
+        engine, streams = split_layout(name)
+        if engine not in specs:
+            raise SystemExit(f"unknown engine {engine}; known: {', '.join(sorted(specs))}")
+        kind, args = specs[engine]
+        if streams > 1 and kind == "transformers":
+            raise SystemExit(f"{name}: layouts are for ours and ct2 engines")
         try:
-            engines.append(Engine(name, kind, device=device, **args))
+            layout = {"streams": streams} if streams > 1 else {}
+            engines.append(Engine(name, kind, device=device, **layout, **args))
         except (RuntimeError, EOFError) as error:
             print(f"skipped {name}: it did not load ({error or 'the worker died'})", flush=True)
             continue
@@ -392,6 +428,8 @@ def benchmark(engines: list[Engine], sources: list[list[int]], settings: list[Se
         for round_ in range(rounds):
             order = engines[round_ % len(engines) :] + engines[: round_ % len(engines)]
             for engine in order:
+                if setting.batch % engine.streams:
+                    continue  # a batch too small to split: the engine without a layout is that setting's figure
                 result, outputs = engine.run(sources, setting, FORCED)
                 if any(len(o) != FORCED for o in outputs):
                     raise SystemExit(f"{engine.name} did not produce {FORCED} tokens per sentence")
@@ -409,11 +447,13 @@ def benchmark(engines: list[Engine], sources: list[list[int]], settings: list[Se
 def table(results: list[Result], reference: str = "ours-int8") -> str:
     by = {(r.engine, r.beam, r.batch): r for r in results}
     lines = [
-        f"| engine | search | batch | sentences/s | target tok/s | {reference} ÷ this |",
+        f"| engine | search | batch | sentences/s | target tok/s | {reference} (same layout) ÷ this |",
         "|---|---|---|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.beam, r.batch, -r.tokens_per_second)):
-        ours = by.get((reference, r.beam, r.batch))
+        layout = r.engine.partition("@")[2]
+        like = f"{reference}@{layout}" if layout else reference  # a layout's ratio: ours in the same layout
+        ours = by.get((like, r.beam, r.batch))
         ratio = f"{ours.tokens_per_second / r.tokens_per_second:.2f}" if ours else "-"
         search = "greedy" if r.beam == 1 else f"beam {r.beam}"
         lines.append(

@@ -2,26 +2,44 @@
 
 from pathlib import Path
 
-from bench.engine import FORCED, Engine, Setting, benchmark, memory_table, table
+import pytest
+
+from bench.engine import FORCED, Engine, Setting, benchmark, memory_table, split_layout, table
 
 
 def test_engines_run_in_workers_with_forced_lengths_and_report_tables(model_dir: Path) -> None:
     engines = [
         Engine("ours-int8", "ours", folder=model_dir, variant="fp32"),
         Engine("other", "ours", folder=model_dir, variant="fp32"),
+        Engine("ours-int8@2x1", "ours", folder=model_dir, variant="fp32", streams=2),
     ]
     try:
         sources = [[5 + i, 6, 7, 3] for i in range(6)]
         settings = [Setting(beam=1, batch=4, sentences=6), Setting(beam=2, batch=1, sentences=2)]
         results = benchmark(engines, sources, settings, rounds=2)
+        _, solo = engines[0].run(sources, settings[0], FORCED)
+        _, streamed = engines[2].run(sources, settings[0], FORCED)
     finally:
         for engine in engines:
             engine.close()
-    assert len(results) == 4  # the best of two rounds per engine and setting
+    assert len(results) == 5  # the best of two rounds per engine and setting; a layout skips batch 1
     tokens = {(r.engine, r.batch): r.tokens for r in results}
-    assert tokens == {(e.name, b): n * FORCED for e in engines for b, n in ((4, 6), (1, 2))}  # every output forced
+    expected = {(e.name, b): n * FORCED for e in engines[:2] for b, n in ((4, 6), (1, 2))}
+    assert tokens == expected | {("ours-int8@2x1", 4): 6 * FORCED}  # every output forced
+    assert streamed == solo  # two sub-batches at once: the same outputs, in the sources' order
     assert all(r.peak_rss_mb >= engines[0].loaded_rss_mb * 0.5 and r.seconds > 0 for r in results)
     speeds = table(results)
     assert "| ours-int8 | greedy | 4 |" in speeds and "| other | beam 2 | 1 |" in speeds
+    assert "| ours-int8@2x1 | greedy | 4 |" in speeds and "ours-int8@2x1 | beam 2" not in speeds
+    layout_row = next(line for line in speeds.splitlines() if line.startswith("| ours-int8@2x1 |"))
+    assert layout_row.endswith("| 1.00 |")  # a layout's ratio: against ours in that layout (itself here)
     memory = memory_table(results, {e.name: e.loaded_rss_mb for e in engines})
-    assert memory.count("\n") == 3 and "ours-int8" in memory
+    assert memory.count("\n") == 4 and "ours-int8" in memory
+
+
+def test_layouts_split_the_threads_between_streams() -> None:
+    assert split_layout("ct2-int8") == ("ct2-int8", 1)
+    assert split_layout("ct2-int8@2x1") == ("ct2-int8", 2)
+    for bad in ("ours-int8@2x2", "ours-int8@2", "ours-int8@axb"):
+        with pytest.raises(SystemExit, match="STREAMSxTHREADS"):
+            split_layout(bad)
