@@ -31,6 +31,7 @@ MODES = {  # server settings per mode
     "continuous": {"MT_BATCHING": "continuous"},  # intra-op threads as the model's size says (MT_INTRA_OP_THREADS=0)
     "continuous-1t": {"MT_BATCHING": "continuous", "MT_INTRA_OP_THREADS": "1"},  # one thread per decoder step
     "continuous-all-cores": {"MT_BATCHING": "continuous", "MT_INTRA_OP_THREADS": str(len(os.sched_getaffinity(0)))},
+    "continuous-2-streams": {"MT_BATCHING": "continuous", "MT_DECODER_STREAMS": "2"},  # two batches, cores split
     "one-process": {"MT_BATCHING": "continuous", "MT_ENGINE_PROCESS": "false"},  # the engine as threads
     "static": {"MT_BATCHING": "static"},
     "sequential": {"MT_BATCHING": "static", "MT_MAX_BATCH_ROWS": "1"},

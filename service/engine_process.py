@@ -41,7 +41,7 @@ from service.engine import TokenRules
 from service.errors import InferenceError, ModelFolderError, Overloaded, ServiceError
 from service.metrics import Metrics
 from service.model_folder import load_model_folder
-from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket, fits
+from service.scheduler import BatchLimits, SentenceJob, Ticket, fits, new_scheduler
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ def serve(
     outbox = _Outbox(conn, recorder)
     try:
         runtime = open_runtime(load_model_folder(folder, verify_checksums=False), settings)  # the server checked
-        scheduler = Scheduler(runtime, rules, limits, recorder, model)  # type: ignore[arg-type]
+        scheduler = new_scheduler(runtime, rules, limits, recorder, model, settings.decoder_streams)  # type: ignore[arg-type]
         scheduler.start()
     except Exception as error:  # noqa: BLE001 - reported to the server, which stops with the message
         outbox.send(("failed", f"{folder}: {error}"))

@@ -6,13 +6,21 @@ Newcomers' encoder passes run between steps or, with `overlap_encoder`, on a thr
 the decoder keeps stepping; their sentences join the batch at the first step after their pass. On a small
 model at 32 clients the passes took a third of the worker's time when they ran between steps.
 
+With several decoding streams (`Streams`), each stream is a Scheduler of its own (its batch, cache, thread
+and encoder thread) and all take newcomers from one queue, the least loaded stream first; they share the
+model's sessions, the cores split between their steps (CTranslate2's inter_threads). On 2 cores the paper-size
+model's steps, one thread each, gave more than one stream on both threads: a step's Python, small operators and
+the threads' hand-offs leave a second thread idle, another stream's step fills it.
+
 Sees token ids and search options only: text lives in the tokenizer and the HTTP layer. It decides
 which rows run each step; the Runtime runs the graphs.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -106,6 +114,23 @@ class Encoding:
 
 
 @dataclass
+class Waiting:
+    """The sentences not yet admitted, shared by a model's streams, with the rows each stream holds (its running
+    and encoding sentences' beams, as of its last admission) so that newcomers go to the least loaded one."""
+
+    jobs: deque[SentenceJob] = field(default_factory=deque)
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    closing: bool = False
+    rows: dict[int, int] = field(default_factory=dict)  # stream -> rows held
+
+    def keep(self, alive: Callable[[SentenceJob], bool]) -> None:
+        """Drop the jobs `alive` rejects, in place (the deque is shared); call with the lock held."""
+        kept = [job for job in self.jobs if alive(job)]
+        self.jobs.clear()
+        self.jobs.extend(kept)
+
+
+@dataclass
 class Running:
     """A sentence in the decoder batch; its rows are contiguous in the cache, in `active` order."""
 
@@ -122,28 +147,35 @@ class Scheduler:
         metrics: Metrics,
         model: str,
         clock: Callable[[], float] = time.monotonic,
+        shared: Waiting | None = None,
+        stream: int = 0,
     ) -> None:
         self.runtime, self.rules, self.limits, self.metrics, self.model = runtime, rules, limits, metrics, model
         self.clock = clock
-        self.waiting: deque[SentenceJob] = deque()
+        self.shared = shared or Waiting()  # the queue, its lock, and the streams' loads
+        self.stream = stream
+        self.shared.rows[stream] = 0
         self.encoding: list[Encoding] = []  # admitted: their encoder passes, in flight or done
         self.active: list[Running] = []
         overlap = limits.overlap_encoder and not limits.static
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix=f"encoder-{model}") if overlap else None
         self.cache = runtime.new_cache()
-        self._lock = threading.Condition()
+        self._lock = self.shared.lock
         self._thread: threading.Thread | None = None
-        self._closing = False
         self._stopped = False
         self._last_scan = -WAITING_SCAN_SECONDS
         self._expired: dict[int, Ticket] = {}  # id -> ticket past its deadline, failed once the queue let it go
+
+    @property
+    def waiting(self) -> deque[SentenceJob]:
+        return self.shared.jobs
 
     # -- the HTTP side ---------------------------------------------------------------------------
 
     def submit(self, jobs: list[SentenceJob]) -> None:
         """Queue a request's sentences, all or none; Overloaded at once when the queue is full."""
         with self._lock:
-            if self._closing:
+            if self.shared.closing:
                 raise Overloaded("the server is shutting down; retry on another instance", "shutting_down")
             if len(self.waiting) + len(jobs) > self.limits.max_queue:
                 raise Overloaded(f"the queue is full ({self.limits.max_queue} sentences waiting); retry later")
@@ -152,7 +184,7 @@ class Scheduler:
                 job.enqueued_at = now
             self.waiting.extend(jobs)
             self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
-            self._lock.notify()
+            self._lock.notify_all()  # every idle stream: the least loaded takes the first
 
     def fits(self, options: SearchOptions, src_len: int) -> bool:
         return fits(self.limits, options, src_len)
@@ -193,7 +225,7 @@ class Scheduler:
     def close(self) -> None:
         """Stop admitting new requests; work already queued goes on."""
         with self._lock:
-            self._closing = True
+            self.shared.closing = True
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close, let queued work finish for up to `timeout` seconds, then fail what is left and end."""
@@ -203,7 +235,7 @@ class Scheduler:
             time.sleep(0.01)
         with self._lock:
             self._stopped = True
-            self._lock.notify()
+            self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
         if self._encoder is not None:
@@ -218,6 +250,7 @@ class Scheduler:
                 if self._stopped:
                     return
                 if not self.waiting and not self.encoding and not self.active:
+                    self.shared.rows[self.stream] = 0  # holds nothing now: the other streams see it at once
                     self._lock.wait(timeout=0.5)
                     continue
             try:
@@ -244,7 +277,7 @@ class Scheduler:
         if now - self._last_scan >= WAITING_SCAN_SECONDS:
             self._last_scan = now
             with self._lock:
-                self.waiting = deque(j for j in self.waiting if self._alive(j.ticket, now))
+                self.shared.keep(lambda job: self._alive(job.ticket, now))
                 self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
         alive = [self._alive(r.job.ticket, now) for r in self.active]
         if all(alive):
@@ -276,7 +309,7 @@ class Scheduler:
             return
         expired, self._expired = self._expired, {}
         with self._lock:
-            self.waiting = deque(j for j in self.waiting if id(j.ticket) not in expired)
+            self.shared.keep(lambda job: id(job.ticket) not in expired)
             self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
         for ticket in expired.values():
             self.metrics.deadline_expired.labels(self.model).inc()
@@ -285,7 +318,9 @@ class Scheduler:
     # -- 2. admission --------------------------------------------------------------------------
 
     def _admit(self) -> list[SentenceJob]:
-        """Newcomers in arrival order while the batch has room; static mode waits for an empty batch."""
+        """Newcomers in arrival order while the batch has room and, with several streams, this one holds less
+        than its fair share (a step's time grows with its rows, so even batches finish the most); static mode
+        waits for an empty batch."""
         if self.limits.static and self.active:
             return []
         held = [r.job for r in self.active] + [job for encoding in self.encoding for job in encoding.jobs]
@@ -294,7 +329,8 @@ class Scheduler:
         admitted: list[SentenceJob] = []
         now = self.clock()
         with self._lock:
-            while self.waiting:
+            share = self._fair_share(rows)
+            while self.waiting and rows < share:
                 job = self.waiting[0]
                 if not self._alive(job.ticket, now):  # expired or abandoned since the last scan
                     self.waiting.popleft()
@@ -304,8 +340,19 @@ class Scheduler:
                     break
                 admitted.append(self.waiting.popleft())
                 rows, tokens = rows + beam, tokens + job.reserved_tokens
+            self.shared.rows[self.stream] = rows
             self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
         return admitted
+
+    def _fair_share(self, rows: int) -> float:
+        """The rows each stream would hold were the held rows and the waiting ones (as many as the streams could
+        take) spread evenly; no bound for a single stream. Call with the lock held."""
+        count = len(self.shared.rows)
+        if count == 1:
+            return math.inf
+        others = sum(held for stream, held in self.shared.rows.items() if stream != self.stream)
+        takeable = itertools.islice(self.waiting, count * self.limits.max_rows)
+        return math.ceil((others + rows + sum(job.options.beam_size for job in takeable)) / count)
 
     # -- 3. encoder passes ---------------------------------------------------------------------
 
@@ -395,3 +442,75 @@ class Scheduler:
         self.metrics.inference_errors.labels(self.model).inc()
         for job in jobs:
             job.ticket.fail(InferenceError(f"inference failed: {type(error).__name__}"))
+
+
+class Streams:
+    """A model's decoding streams: Schedulers sharing one queue and the model's sessions, each with its own batch,
+    cache and threads. What the Translator and the engine process use in place of one Scheduler."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        rules: TokenRules,
+        limits: BatchLimits,
+        metrics: Metrics,
+        model: str,
+        count: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        shared = Waiting()
+        self.members = [Scheduler(runtime, rules, limits, metrics, model, clock, shared, i) for i in range(count)]
+        self.first = self.members[0]
+
+    def submit(self, jobs: list[SentenceJob]) -> None:
+        self.first.submit(jobs)  # into the shared queue
+
+    def fits(self, options: SearchOptions, src_len: int) -> bool:
+        return self.first.fits(options, src_len)
+
+    def cancel(self, ticket: Ticket) -> None:
+        self.first.cancel(ticket)
+
+    @property
+    def queued(self) -> int:
+        return self.first.queued
+
+    @property
+    def providers(self) -> list[str]:
+        return self.first.providers
+
+    @property
+    def alive(self) -> bool:
+        return all(member.alive for member in self.members)
+
+    @property
+    def idle(self) -> bool:
+        return all(member.idle for member in self.members)
+
+    def warm_up(self, src_ids: list[int]) -> None:
+        self.first.warm_up(src_ids)  # the sessions are shared: one warm-up allocates and prepacks for all
+
+    def start(self) -> None:
+        for member in self.members:
+            member.start()
+
+    def close(self) -> None:
+        self.first.close()  # the shared queue takes no more
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """As Scheduler.stop, for every stream: queued work may finish on any of them within `timeout`."""
+        self.close()
+        deadline = time.monotonic() + timeout
+        while not self.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for member in self.members:
+            member.stop(0.0)
+
+
+def new_scheduler(
+    runtime: Runtime, rules: TokenRules, limits: BatchLimits, metrics: Metrics, model: str, streams: int = 1
+) -> Scheduler | Streams:
+    """One Scheduler, or `streams` of them sharing a queue."""
+    if streams == 1:
+        return Scheduler(runtime, rules, limits, metrics, model)
+    return Streams(runtime, rules, limits, metrics, model, streams)

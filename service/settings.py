@@ -79,6 +79,13 @@ class Settings(BaseSettings):
         "decoder steps, which have intra_op_threads), else intra_op_threads",
     )
 
+    decoder_streams: int = Field(
+        1,
+        ge=1,
+        description="decoding streams per model: each its own batch (max_batch_rows, max_batch_tokens), cache and "
+        "threads, all fed from one queue and sharing the model's sessions; intra_op_threads 0 splits the cores "
+        "between them (CTranslate2's inter_threads)",
+    )
     engine_process: bool = Field(
         True,
         description="run each model's scheduler and ONNX Runtime sessions in a process of their own, so that the "

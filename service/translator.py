@@ -21,7 +21,7 @@ from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, N
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, Architecture, ModelFolder, load_model_folder
 from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
-from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
 from service.settings import Settings, available_cores
 from service.tokenizer import Tokenizer
 
@@ -85,9 +85,9 @@ class Translator:
         _, candidates = step_candidates(folder, folder.variant(settings.variant))  # per row
         self.max_beam = (candidates - 1) // 2  # beam k takes 2k candidates, + 1 for an EOS not allowed yet
         limits = batch_limits(settings)
-        self.scheduler: Scheduler | EngineProcess
+        self.scheduler: Scheduler | Streams | EngineProcess
         if runtime is not None:
-            self.scheduler = Scheduler(runtime, self.rules, limits, metrics, self.name)
+            self.scheduler = new_scheduler(runtime, self.rules, limits, metrics, self.name, settings.decoder_streams)
         else:
             self.scheduler = EngineProcess(folder.path, settings, self.rules, limits, metrics, self.name)
 
@@ -283,10 +283,13 @@ def decoder_macs_per_token(cfg: Architecture) -> int:
 
 
 def intra_op_threads(cfg: Architecture, settings: Settings) -> int:
-    """MT_INTRA_OP_THREADS, or for 0: every core for a model whose steps are worth sharing, else one."""
+    """MT_INTRA_OP_THREADS, or for 0: a model whose steps are worth sharing gets every core, split between its
+    decoding streams; a smaller one, one thread."""
     if settings.intra_op_threads:
         return settings.intra_op_threads
-    return available_cores() if decoder_macs_per_token(cfg) >= SHARED_STEP_MACS else 1
+    if decoder_macs_per_token(cfg) < SHARED_STEP_MACS:
+        return 1
+    return max(1, available_cores() // settings.decoder_streams)
 
 
 def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:

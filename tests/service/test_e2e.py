@@ -87,10 +87,11 @@ def running_server(model_dir: Path, **env: str) -> Iterator[str]:
         assert process.wait(timeout=60) == 0
 
 
-@pytest.fixture(scope="module")
-def server(model_dir: Path) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one-stream", "two-streams"])
+def server(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     # admission by expected queue wait is tested elsewhere; here all 64 requests must be admitted
-    with running_server(model_dir, MT_MAX_BATCH_ROWS="48", MT_MAX_QUEUE_WAIT_SECONDS="0") as url:
+    env = {"MT_MAX_BATCH_ROWS": "48", "MT_MAX_QUEUE_WAIT_SECONDS": "0", "MT_DECODER_STREAMS": request.param}
+    with running_server(model_dir, **env) as url:
         yield url
 
 

@@ -88,6 +88,8 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     monkeypatch.setattr("service.translator.available_cores", lambda: 6)
     assert intra_op_threads(shipped, Settings()) == 1 and intra_op_threads(paper, Settings()) == 6
     assert intra_op_threads(shipped, Settings(intra_op_threads=3)) == 3  # an explicit count wins
+    assert intra_op_threads(paper, Settings(decoder_streams=2)) == 3  # the cores split between the streams
+    assert intra_op_threads(shipped, Settings(decoder_streams=2)) == 1
     monkeypatch.setenv("MT_MODELS_DIR", str(model_dir.parent))
     monkeypatch.setenv("MT_MODELS", model_dir.name)
     [translator] = load_translators(Settings(engine_process=False), Metrics())  # the tiny test model

@@ -4,6 +4,7 @@ cancellation, a failing batch, static mode; and a sentence's output never depend
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from service.engine import TokenRules, decode_batch, place
 from service.errors import DeadlineExceeded, InferenceError, Overloaded
 from service.metrics import Metrics
 from service.runtime import Memory
-from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket
 from tests.fakes import EOS, PAD, START, FakeRuntime
 
 RULES = TokenRules(decoder_start_id=START, eos_id=EOS, pad_id=PAD)
@@ -37,7 +38,7 @@ def make(limits: BatchLimits | None = None) -> tuple[Scheduler, FakeRuntime, Clo
     return Scheduler(runtime, RULES, limits or BatchLimits(), Metrics(), "fake", clock=clock), runtime, clock
 
 
-def submit(scheduler: Scheduler, srcs: list[list[int]], options: SearchOptions, deadline: float = 1e9) -> Ticket:
+def submit(scheduler: Scheduler | Streams, srcs: list[list[int]], options: SearchOptions, deadline: float = 1e9) -> Ticket:
     done: list[Ticket] = []
     ticket = Ticket(len(srcs), deadline, done.append)
     scheduler.submit([SentenceJob(s, options, ticket, i) for i, s in enumerate(srcs)])
@@ -254,3 +255,59 @@ def test_stopping_fails_sentences_whose_pass_is_in_flight() -> None:
     scheduler.stop(timeout=0.05)
     for ticket in (running, admitted):
         assert isinstance(ticket.error, Overloaded) and "stopped" in str(ticket.error)
+
+
+def streams(count: int = 2, limits: BatchLimits | None = None) -> tuple[Streams, FakeRuntime]:
+    runtime = FakeRuntime()
+    return Streams(runtime, RULES, limits or BatchLimits(), Metrics(), "fake", count, clock=Clock()), runtime
+
+
+def test_streams_take_newcomers_from_one_queue_in_even_shares() -> None:
+    group, runtime = streams()
+    first, second = group.members
+    burst = submit(group, sources(7, seed=20), GREEDY)
+    first.run_once()
+    assert len(first.active) == 4 and len(first.waiting) == 3  # its share of 7: the other stream holds none
+    second.run_once()
+    assert len(second.active) == 3 and not first.waiting
+    while len(first.active) == 4:  # a sentence of the first finishes
+        first.run_once()
+    late = submit(group, sources(2, seed=21), GREEDY)
+    second.run_once()  # holds 3 (if none finished) against the first's fewer: not its share
+    first.run_once()
+    assert not first.waiting and len(first.active) + len(second.active) >= 5
+    while not group.idle:
+        first.run_once()
+        second.run_once()
+    for ticket, seed in ((burst, 20), (late, 21)):
+        assert ticket.error is None and ticket.results == [alone(s, GREEDY) for s in sources(len(ticket.results), seed)]
+    assert first.cache is not second.cache and max(runtime.step_rows) <= 5  # own batches (loads seen a step late)
+
+
+def test_streams_on_their_threads_give_every_sentence_its_solo_result() -> None:
+    group, runtime = streams(limits=BatchLimits(max_rows=6))
+    group.start()
+    try:
+        tickets = [submit(group, [src], BEAM if i % 4 == 0 else GREEDY) for i, src in enumerate(sources(40, 22))]
+        deadline = time.monotonic() + 20
+        while not all(t.finished for t in tickets) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        group.stop(timeout=1.0)
+    for i, (src, ticket) in enumerate(zip(sources(40, 22), tickets, strict=True)):
+        assert ticket.error is None and ticket.results[0] == alone(src, BEAM if i % 4 == 0 else GREEDY)
+    assert group.alive and max(runtime.step_rows) <= 6
+
+
+def test_stopped_streams_fail_what_is_left_once_and_refuse_more() -> None:
+    group, _ = streams(limits=BatchLimits(max_rows=1))
+    running = submit(group, sources(1, seed=23), LONG)
+    queued = submit(group, sources(3, seed=24), GREEDY)
+    failures: list[Ticket] = []
+    queued.on_done = failures.append
+    group.members[0].run_once()
+    group.stop(timeout=0.0)
+    assert isinstance(running.error, Overloaded) and isinstance(queued.error, Overloaded)
+    assert failures == [queued]  # failed by one stream, not again by the other
+    with pytest.raises(Overloaded, match="shutting down"):
+        submit(group, sources(1), GREEDY)
