@@ -70,14 +70,15 @@ class Ours:
     """Our runtime; with `streams` > 1, that many sub-batches decode at once on threads of their own, the cores
     shared between them (as CTranslate2's inter_threads)."""
 
-    def __init__(self, folder: Path, variant: str, device: str = "cpu", streams: int = 1) -> None:
+    def __init__(
+        self, folder: Path, variant: str, device: str = "cpu", streams: int = 1, threads: int = THREADS
+    ) -> None:
         from service.engine import TokenRules
         from service.model_folder import load_model_folder
         from service.runtime import OnnxRuntime, SessionSettings
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
-        threads = max(1, THREADS // streams)
         settings = SessionSettings(providers=providers, intra_op_threads=threads, experimental_gpu_fp16=True)
         self.runtime = OnnxRuntime(loaded, variant, settings)  # fp16 on CUDA: its outputs are wrong (README "GPU")
         if self.runtime.providers[0] != providers[0]:
@@ -146,11 +147,16 @@ class CTranslate2:
     """CTranslate2; with `streams` > 1, inter_threads: that many sub-batches decode at once, the cores shared."""
 
     def __init__(
-        self, ct2_dir: Path, compute_type: str, pieces: list[str], device: str = "cpu", streams: int = 1
+        self,
+        ct2_dir: Path,
+        compute_type: str,
+        pieces: list[str],
+        device: str = "cpu",
+        streams: int = 1,
+        threads: int = THREADS,
     ) -> None:
         import ctranslate2
 
-        threads = max(1, THREADS // streams)
         self.translator = ctranslate2.Translator(
             str(ct2_dir), device=device, compute_type=compute_type, inter_threads=streams, intra_threads=threads
         )
@@ -371,21 +377,24 @@ def random_sources(hf_dir: Path, n: int, length: int, seed: int) -> list[list[in
 # -- the benchmark ------------------------------------------------------------------------------
 
 
-CPU_ENGINES = "ours-int8,ours-fp32,ct2-int8,ct2-float32,transformers-fp32,ours-int8@2x1,ct2-int8@2x1"
+CPU_ENGINES = (
+    "ours-int8,ours-fp32,ct2-int8,ct2-float32,transformers-fp32,ours-int8@2x1,ct2-int8@2x1,ours-int8@1x1,ct2-int8@1x1"
+)
 GPU_ENGINES = "ours-fp16,ours-fp32,ct2-float16,ct2-int8_float16,ct2-float32,transformers-fp16,transformers-fp32"
 REFERENCE = {"cpu": "ours-int8", "cuda": "ours-fp16"}  # the engine each table's ratios divide
 
 
-def split_layout(name: str) -> tuple[str, int]:
-    """"ct2-int8@2x1" -> ("ct2-int8", 2): two sub-batches at once, the cores split between them (for batch 32,
-    two of 16 on one thread each: CTranslate2's inter_threads=2, intra_threads=1); no suffix: one batch, every core."""
+def split_layout(name: str) -> tuple[str, int, int]:
+    """"ct2-int8@2x1" -> ("ct2-int8", 2, 1): two sub-batches at once on one thread each (for batch 32, two of 16:
+    CTranslate2's inter_threads=2, intra_threads=1); "@1x1": one batch on one thread; no suffix: one batch on
+    every thread (THREADS)."""
     engine, _, layout = name.partition("@")
     if not layout:
-        return engine, 1
+        return engine, 1, THREADS
     streams, _, threads = layout.partition("x")
-    if not (streams.isdigit() and threads.isdigit() and int(streams) * int(threads) == THREADS):
-        raise SystemExit(f"{name}: a layout is @STREAMSxTHREADS using {THREADS} threads in all, e.g. @2x1")
-    return engine, int(streams)
+    if not (streams.isdigit() and threads.isdigit() and 1 <= int(streams) * int(threads) <= THREADS):
+        raise SystemExit(f"{name}: a layout is @STREAMSxTHREADS using at most {THREADS} threads in all, e.g. @2x1")
+    return engine, int(streams), int(threads)
 
 
 def start_engines(base: Path, which: list[str], device: str) -> list[Engine]:
@@ -403,14 +412,14 @@ def start_engines(base: Path, which: list[str], device: str) -> list[Engine]:
         specs[f"ct2-{compute_type}"] = ("ctranslate2", args)
     engines = []
     for name in which:
-        engine, streams = split_layout(name)
+        engine, streams, threads = split_layout(name)
         if engine not in specs:
             raise SystemExit(f"unknown engine {engine}; known: {', '.join(sorted(specs))}")
         kind, args = specs[engine]
-        if streams > 1 and kind == "transformers":
+        if (streams, threads) != (1, THREADS) and kind == "transformers":
             raise SystemExit(f"{name}: layouts are for ours and ct2 engines")
         try:
-            layout = {"streams": streams} if streams > 1 else {}
+            layout = {"streams": streams, "threads": threads} if kind != "transformers" else {}
             engines.append(Engine(name, kind, device=device, **layout, **args))
         except (RuntimeError, EOFError) as error:
             print(f"skipped {name}: it did not load ({error or 'the worker died'})", flush=True)
@@ -460,6 +469,24 @@ def table(results: list[Result], reference: str = "ours-int8") -> str:
             f"| {r.engine} | {search} | {r.batch} | {r.sentences / r.seconds:,.1f} | {r.tokens_per_second:,.0f} "
             f"| {ratio} |"
         )
+    return "\n".join(lines)
+
+
+def best_layouts(results: list[Result], ours: str, peer: str) -> str:
+    """Per setting, each of two engines in its fastest layout (what a deployment tuned for this machine gets) and
+    their ratio."""
+    lines = [f"| search | batch | {ours} | layout | {peer} | layout | ratio |", "|---|---:|---:|---|---:|---|---:|"]
+    for beam, batch in sorted({(r.beam, r.batch) for r in results}):
+        best = []
+        for family in (ours, peer):
+            runs = [r for r in results if r.engine.partition("@")[0] == family and (r.beam, r.batch) == (beam, batch)]
+            best.append(max(runs, key=lambda r: r.tokens_per_second) if runs else None)
+        if None in best:
+            continue
+        cells = [f"{r.tokens_per_second:,.0f} | {r.engine.partition('@')[2] or f'1x{THREADS}'}" for r in best]
+        ratio = best[0].tokens_per_second / best[1].tokens_per_second
+        search = "greedy" if beam == 1 else f"beam {beam}"
+        lines.append(f"| {search} | {batch} | {cells[0]} | {cells[1]} | {ratio:.2f} |")
     return "\n".join(lines)
 
 
@@ -536,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
             engine.close()
     loaded = {e.name: e.loaded_rss_mb for e in engines}
     print(table(results, REFERENCE[args.device]))
+    if args.device == "cpu":
+        print("\nEach in its fastest layout\n" + best_layouts(results, "ours-int8", "ct2-int8"))
     print("\nMemory\n" + memory_table(results, loaded))
     if real:
         print("\nReal text: the default model's test set, greedy, batch 32\n" + real)

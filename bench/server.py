@@ -28,9 +28,14 @@ from bench.load import run_load
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {  # server settings per mode
-    "continuous": {"MT_BATCHING": "continuous"},  # intra-op threads as the model's size says (MT_INTRA_OP_THREADS=0)
+    "continuous": {"MT_BATCHING": "continuous"},  # streams and threads as the model's size says (the defaults)
     "continuous-1t": {"MT_BATCHING": "continuous", "MT_INTRA_OP_THREADS": "1"},  # one thread per decoder step
-    "continuous-all-cores": {"MT_BATCHING": "continuous", "MT_INTRA_OP_THREADS": str(len(os.sched_getaffinity(0)))},
+    "continuous-all-cores": {  # one stream, every core in its steps
+        "MT_BATCHING": "continuous",
+        "MT_DECODER_STREAMS": "1",
+        "MT_INTRA_OP_THREADS": str(len(os.sched_getaffinity(0))),
+    },
+    "continuous-1-stream": {"MT_BATCHING": "continuous", "MT_DECODER_STREAMS": "1"},
     "continuous-2-streams": {"MT_BATCHING": "continuous", "MT_DECODER_STREAMS": "2"},  # two batches, cores split
     "one-process": {"MT_BATCHING": "continuous", "MT_ENGINE_PROCESS": "false"},  # the engine as threads
     "static": {"MT_BATCHING": "static"},

@@ -324,13 +324,15 @@ def serve(
     """The engine process's main: load, warm, report ready, then take messages until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server drains it
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from service.translator import open_runtime  # the server process never imports ONNX Runtime's sessions here
+    from service.translator import decoder_streams, open_runtime  # the server process never opens sessions here
 
     recorder = MetricsRecorder()
     outbox = _Outbox(conn, recorder)
     try:
-        runtime = open_runtime(load_model_folder(folder, verify_checksums=False), settings)  # the server checked
-        scheduler = new_scheduler(runtime, rules, limits, recorder, model, settings.decoder_streams)  # type: ignore[arg-type]
+        loaded = load_model_folder(folder, verify_checksums=False)  # the server checked the files
+        runtime = open_runtime(loaded, settings)
+        streams = decoder_streams(loaded.manifest.config, settings)
+        scheduler = new_scheduler(runtime, rules, limits, recorder, model, streams)  # type: ignore[arg-type]
         scheduler.start()
     except Exception as error:  # noqa: BLE001 - reported to the server, which stops with the message
         outbox.send(("failed", f"{folder}: {error}"))

@@ -80,11 +80,12 @@ class Settings(BaseSettings):
     )
 
     decoder_streams: int = Field(
-        1,
-        ge=1,
-        description="decoding streams per model: each its own batch (max_batch_rows, max_batch_tokens), cache and "
-        "threads, all fed from one queue and sharing the model's sessions; intra_op_threads 0 splits the cores "
-        "between them (CTranslate2's inter_threads)",
+        0,
+        ge=0,
+        description="decoding streams per model: each its own batch (max_batch_rows, max_batch_tokens each), cache "
+        "and threads, all fed from one queue and sharing the model's sessions; intra_op_threads 0 splits the cores "
+        "between them (CTranslate2's inter_threads). 0: per model, 2 for a decoder of at least 16 M multiply-adds "
+        "per token on 2 or more cores (CPU), else 1",
     )
     engine_process: bool = Field(
         True,

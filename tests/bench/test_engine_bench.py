@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.engine import FORCED, Engine, Setting, benchmark, memory_table, split_layout, table
+from bench.engine import FORCED, THREADS, Engine, Setting, benchmark, best_layouts, memory_table, split_layout, table
 
 
 def test_engines_run_in_workers_with_forced_lengths_and_report_tables(model_dir: Path) -> None:
     engines = [
         Engine("ours-int8", "ours", folder=model_dir, variant="fp32"),
         Engine("other", "ours", folder=model_dir, variant="fp32"),
-        Engine("ours-int8@2x1", "ours", folder=model_dir, variant="fp32", streams=2),
+        Engine("ours-int8@2x1", "ours", folder=model_dir, variant="fp32", streams=2, threads=1),
     ]
     try:
         sources = [[5 + i, 6, 7, 3] for i in range(6)]
@@ -33,13 +33,18 @@ def test_engines_run_in_workers_with_forced_lengths_and_report_tables(model_dir:
     assert "| ours-int8@2x1 | greedy | 4 |" in speeds and "ours-int8@2x1 | beam 2" not in speeds
     layout_row = next(line for line in speeds.splitlines() if line.startswith("| ours-int8@2x1 |"))
     assert layout_row.endswith("| 1.00 |")  # a layout's ratio: against ours in that layout (itself here)
+    best = best_layouts(results, "ours-int8", "other")
+    assert best.count("\n") == 3 and "| greedy | 4 |" in best and "| beam 2 | 1 |" in best
+    fastest = max((r for r in results if r.beam == 1 and "ours-int8" in r.engine), key=lambda r: r.tokens_per_second)
+    layout = fastest.engine.partition("@")[2] or f"1x{THREADS}"
+    assert f"| greedy | 4 | {fastest.tokens_per_second:,.0f} | {layout} |" in best  # ours in its fastest layout
     memory = memory_table(results, {e.name: e.loaded_rss_mb for e in engines})
     assert memory.count("\n") == 4 and "ours-int8" in memory
 
 
 def test_layouts_split_the_threads_between_streams() -> None:
-    assert split_layout("ct2-int8") == ("ct2-int8", 1)
-    assert split_layout("ct2-int8@2x1") == ("ct2-int8", 2)
-    for bad in ("ours-int8@2x2", "ours-int8@2", "ours-int8@axb"):
+    assert split_layout("ct2-int8") == ("ct2-int8", 1, THREADS)
+    assert split_layout("ct2-int8@2x1") == ("ct2-int8", 2, 1) and split_layout("ours-int8@1x1") == ("ours-int8", 1, 1)
+    for bad in (f"ours-int8@{THREADS}x2", "ours-int8@2", "ours-int8@axb", "ours-int8@0x1"):
         with pytest.raises(SystemExit, match="STREAMSxTHREADS"):
             split_layout(bad)

@@ -19,7 +19,13 @@ from service.runtime import (
     usable_providers,
 )
 from service.settings import SHIPPED_MODELS, Settings, available_cores
-from service.translator import SHARED_STEP_MACS, decoder_macs_per_token, intra_op_threads, load_translators
+from service.translator import (
+    SHARED_STEP_MACS,
+    decoder_macs_per_token,
+    decoder_streams,
+    intra_op_threads,
+    load_translators,
+)
 
 
 def test_cpu_is_always_the_fallback() -> None:
@@ -86,10 +92,17 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     paper = shipped.model_copy(update={"d_model": 512, "d_ff": 2048, "n_decoder_layers": 6, "tgt_vocab_size": 59514})
     assert decoder_macs_per_token(paper) > SHARED_STEP_MACS > decoder_macs_per_token(shipped)
     monkeypatch.setattr("service.translator.available_cores", lambda: 6)
-    assert intra_op_threads(shipped, Settings()) == 1 and intra_op_threads(paper, Settings()) == 6
+    assert intra_op_threads(shipped, Settings()) == 1
     assert intra_op_threads(shipped, Settings(intra_op_threads=3)) == 3  # an explicit count wins
-    assert intra_op_threads(paper, Settings(decoder_streams=2)) == 3  # the cores split between the streams
+    assert decoder_streams(paper, Settings()) == 2 and decoder_streams(shipped, Settings()) == 1
+    assert intra_op_threads(paper, Settings()) == 3  # the cores split between the two streams
+    assert intra_op_threads(paper, Settings(decoder_streams=1)) == 6  # an explicit count wins
+    assert decoder_streams(paper, Settings(decoder_streams=3)) == 3
+    assert decoder_streams(paper, Settings(providers=["cuda", "cpu"])) == 1  # measured on CPUs only
     assert intra_op_threads(shipped, Settings(decoder_streams=2)) == 1
+    monkeypatch.setattr("service.translator.available_cores", lambda: 1)
+    assert decoder_streams(paper, Settings()) == 1 and intra_op_threads(paper, Settings()) == 1
+    monkeypatch.setattr("service.translator.available_cores", lambda: 6)
     monkeypatch.setenv("MT_MODELS_DIR", str(model_dir.parent))
     monkeypatch.setenv("MT_MODELS", model_dir.name)
     [translator] = load_translators(Settings(engine_process=False), Metrics())  # the tiny test model

@@ -38,7 +38,9 @@ def make(limits: BatchLimits | None = None) -> tuple[Scheduler, FakeRuntime, Clo
     return Scheduler(runtime, RULES, limits or BatchLimits(), Metrics(), "fake", clock=clock), runtime, clock
 
 
-def submit(scheduler: Scheduler | Streams, srcs: list[list[int]], options: SearchOptions, deadline: float = 1e9) -> Ticket:
+def submit(
+    scheduler: Scheduler | Streams, srcs: list[list[int]], options: SearchOptions, deadline: float = 1e9
+) -> Ticket:
     done: list[Ticket] = []
     ticket = Ticket(len(srcs), deadline, done.append)
     scheduler.submit([SentenceJob(s, options, ticket, i) for i, s in enumerate(srcs)])
