@@ -58,16 +58,18 @@ def fits(limits: BatchLimits, options: SearchOptions, src_len: int) -> bool:
 
 @dataclass
 class Ticket:
-    """One request's sentences: results as they finish, its deadline, and how to hand them back."""
+    """One request's sentences: results as they finish, its deadline, and how to hand them back. Its sentences
+    may run on several streams: their threads deliver under the ticket's lock, and only one of them finishes it."""
 
     size: int
     deadline: float  # time.monotonic() after which the request fails with 504
-    on_done: Callable[[Ticket], None]  # called once, from the worker thread
+    on_done: Callable[[Ticket], None]  # called once, from a worker thread
     results: list[list[Hypothesis] | None] = field(init=False)
     error: ServiceError | None = None
     cancelled: bool = False
     queue_seconds: float = 0.0
     finished: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.results = [None] * self.size
@@ -77,17 +79,18 @@ class Ticket:
         return self.cancelled or self.finished
 
     def deliver(self, index: int, hypotheses: list[Hypothesis]) -> None:
-        self.results[index] = hypotheses
-        if all(r is not None for r in self.results):
-            self._finish()
+        with self._lock:
+            self.results[index] = hypotheses
+            if self.finished or any(r is None for r in self.results):
+                return
+            self.finished = True
+        self.on_done(self)
 
     def fail(self, error: ServiceError) -> None:
-        if not self.finished:
-            self.error = error
-            self._finish()
-
-    def _finish(self) -> None:
-        self.finished = True
+        with self._lock:
+            if self.finished:
+                return
+            self.error, self.finished = error, True
         self.on_done(self)
 
 

@@ -313,3 +313,22 @@ def test_stopped_streams_fail_what_is_left_once_and_refuse_more() -> None:
     assert failures == [queued]  # failed by one stream, not again by the other
     with pytest.raises(Overloaded, match="shutting down"):
         submit(group, sources(1), GREEDY)
+
+
+def test_a_ticket_whose_sentences_finish_on_two_threads_at_once_is_done_once() -> None:
+    done: list[Ticket] = []
+    tickets = [Ticket(2, 1e9, done.append) for _ in range(300)]
+    start = threading.Barrier(2)
+
+    def deliver(index: int) -> None:
+        start.wait()
+        for ticket in tickets:
+            ticket.deliver(index, [])
+            ticket.fail(Overloaded("late"))  # after its own delivery: a no-op, or the failure that finishes it
+
+    threads = [threading.Thread(target=deliver, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(done) == len(tickets) and len({id(t) for t in done}) == len(tickets)
