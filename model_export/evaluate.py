@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -68,24 +69,40 @@ def read_split(corpus: Path, split: str, source: str, target: str) -> tuple[list
 
 
 def translate_all(
-    folder_path: Path, sources: list[str], variant: str | None, beam_size: int, batch_size: int, threads: int
+    folder_path: Path,
+    sources: list[str],
+    variant: str | None,
+    beam_size: int,
+    batch_size: int,
+    threads: int,
+    streams: int = 1,
 ) -> tuple[list[str], int, float]:
-    """Static batches of similar length through the served graphs -> (translations, target tokens, seconds)."""
+    """Static batches of similar length through the served graphs -> (translations, target tokens, seconds). With
+    `streams` > 1, each batch's sentences go as that many sub-batches decoded at once, the threads split between
+    them (the server's MT_DECODER_STREAMS)."""
     folder = load_model_folder(folder_path)
-    runtime = OnnxRuntime(folder, variant, SessionSettings(intra_op_threads=threads))
+    runtime = OnnxRuntime(folder, variant, SessionSettings(intra_op_threads=max(1, threads // streams)))
     tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
     rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
     target = folder.manifest.target_languages[0]
     encoded = [tokenizer.encode(s, target) for s in sources]
     order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
+    size = max(1, batch_size // streams)
+    batches = [order[start : start + size] for start in range(0, len(order), size)]
+
+    def decode(batch: list[int]) -> list:
+        options = [SearchOptions(beam_size, min(256, 2 * len(encoded[i]) + 10)) for i in batch]
+        return decode_batch(runtime, [encoded[i] for i in batch], options, rules)
+
     translations, tokens = [""] * len(sources), 0
     started = time.perf_counter()
-    for start in tqdm(range(0, len(order), batch_size), desc="translating", unit="batch", leave=False):
-        batch = order[start : start + batch_size]
-        options = [SearchOptions(beam_size, min(256, 2 * len(encoded[i]) + 10)) for i in batch]
-        for i, hyps in zip(batch, decode_batch(runtime, [encoded[i] for i in batch], options, rules), strict=True):
-            translations[i] = tokenizer.decode(hyps[0].tokens)
-            tokens += len(hyps[0].tokens)
+    with ThreadPoolExecutor(streams) as pool:  # ONNX Runtime releases the GIL while a graph runs
+        decoded = map(decode, batches) if streams == 1 else pool.map(decode, batches)
+        pairs = zip(batches, decoded, strict=True)
+        for batch, results in tqdm(pairs, total=len(batches), desc="translating", unit="batch", leave=False):
+            for i, hyps in zip(batch, results, strict=True):
+                translations[i] = tokenizer.decode(hyps[0].tokens)
+                tokens += len(hyps[0].tokens)
     return translations, tokens, time.perf_counter() - started
 
 

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from model_export.evaluate import evaluate, same_placeholders
+from model_export.evaluate import evaluate, same_placeholders, translate_all
 from model_export.quantize import add_int8_variant
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
@@ -93,3 +93,10 @@ def test_evaluate_reports_scores_placeholders_and_examples(model_dir: Path, tmp_
     assert len(report.examples) == 6 and {"source", "reference", "translation", "chrf"} <= set(report.examples[0])
     perfect = evaluate(model_dir, tmp_path, limit=2, threads=1)
     assert perfect.sentences == 2
+
+
+def test_translate_all_in_two_streams_gives_the_same_translations(model_dir: Path) -> None:
+    sources = SENTENCES * 3
+    one, tokens, _ = translate_all(model_dir, sources, "fp32", 1, 8, 2)
+    two, tokens_two, _ = translate_all(model_dir, sources, "fp32", 1, 8, 2, streams=2)  # sub-batches of 4 at once
+    assert two == one and tokens_two == tokens and all(one)
