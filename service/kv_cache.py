@@ -116,8 +116,10 @@ class DecoderCache:
         """Keep, repeat or reorder rows (beams following their parents, finished rows leaving), in place. A row
         takes its parent's sentence: no source moves, except those of sentences that must fill the places of
         sentences no row attends to any more."""
-        self._reserve(len(rows), self.sentences, self.src_mask.shape[1])
         n = len(rows)
+        if n == self.rows and np.array_equal(rows, np.arange(n)):
+            return  # every row keeps its own state (greedy rows, none finished): nothing moves, the groups hold
+        self._reserve(n, self.sentences, self.src_mask.shape[1])
         moved = np.flatnonzero(rows != np.arange(n))  # (m,) rows that take another row's state
         filled = int(self.lengths.max(initial=0))  # time slots any row has written
         for name in ("self_keys", "self_values"):

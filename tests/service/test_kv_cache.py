@@ -217,3 +217,16 @@ def test_a_float16_cache_keeps_its_dtype_through_joins_reorders_and_growth() -> 
     for layers in (cache.self_keys, cache.self_values, cache.cross_keys, cache.cross_values):
         assert {layer.dtype for layer in layers} == {np.dtype(np.float16)}
     assert stacked(cache.self_keys)[0, 0, 0, :3, 0].tolist() == [0.0, 1.0, 2.0] and not cache.on_gpu
+
+
+def test_keeping_every_row_in_place_changes_nothing_and_keeps_the_groups() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(3, 5, 1.0))
+    append(cache, step(3, 10.0), step(3, 20.0))
+    groups, buffers = (cache.sentence_rows, cache.row_slots), [layer.ctypes.data for layer in cache.self_keys]
+    before = stacked(cache.self_keys)
+    cache.select(np.arange(3))  # greedy rows, none finished
+    assert cache.sentence_rows is groups[0] and cache.row_slots is groups[1]  # not recomputed
+    assert [layer.ctypes.data for layer in cache.self_keys] == buffers and np.array_equal(stacked(cache.self_keys), before)
+    cache.select(np.array([0, 2]))  # a row leaves: the groups follow
+    assert cache.sentence_rows.tolist() == [[0], [1]] and cache.lengths.tolist() == [1, 1]
