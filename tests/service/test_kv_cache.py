@@ -227,6 +227,7 @@ def test_keeping_every_row_in_place_changes_nothing_and_keeps_the_groups() -> No
     before = stacked(cache.self_keys)
     cache.select(np.arange(3))  # greedy rows, none finished
     assert cache.sentence_rows is groups[0] and cache.row_slots is groups[1]  # not recomputed
-    assert [layer.ctypes.data for layer in cache.self_keys] == buffers and np.array_equal(stacked(cache.self_keys), before)
+    assert [layer.ctypes.data for layer in cache.self_keys] == buffers  # the same buffers
+    assert np.array_equal(stacked(cache.self_keys), before)
     cache.select(np.array([0, 2]))  # a row leaves: the groups follow
     assert cache.sentence_rows.tolist() == [[0], [1]] and cache.lengths.tolist() == [1, 1]
