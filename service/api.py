@@ -44,7 +44,14 @@ from service.errors import (
 )
 from service.metrics import Metrics
 from service.settings import Settings
-from service.translator import Registry, TranslateOptions, Translator, load_translators
+from service.translator import (
+    Registry,
+    TranslateOptions,
+    Translator,
+    decoder_streams,
+    intra_op_threads,
+    load_translators,
+)
 
 log = logging.getLogger(__name__)
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
@@ -606,6 +613,8 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         "variant": settings.variant or manifest.default_variant,
         "variants": sorted(manifest.variants),
         "providers": translator.scheduler.providers,
+        "decoder_streams": decoder_streams(manifest.config, settings),  # each with its own batch, cache and threads
+        "intra_op_threads": intra_op_threads(manifest.config, settings),  # per stream
         "config": manifest.config.model_dump(),
         "provenance": manifest.provenance,
     }

@@ -101,6 +101,7 @@ def test_languages_models_health_ready_metrics(client: TestClient) -> None:
     ]
     model = client.get("/v1/models").json()["models"][0]
     assert model["name"] == "tiny-en-fr" and model["variant"] == "fp32" and model["config"]["d_model"] == 32
+    assert model["decoder_streams"] == 1 and model["intra_op_threads"] == 1  # a tiny model: one stream, one thread
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/ready").json()["status"] == "ready"
     metrics = client.get("/metrics").text
