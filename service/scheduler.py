@@ -7,7 +7,7 @@ the decoder keeps stepping; their sentences join the batch at the first step aft
 model at 32 clients the passes took a third of the worker's time when they ran between steps.
 
 With several decoding streams (`Streams`), each stream is a Scheduler of its own (its batch, cache, thread
-and encoder thread) and all take newcomers from one queue, the least loaded stream first; they share the
+and encoder thread) and all take newcomers from one queue, each up to its even share of the rows; they share the
 model's sessions, the cores split between their steps (CTranslate2's inter_threads). On 2 cores the paper-size
 model's steps, one thread each, gave more than one stream on both threads: a step's Python, small operators and
 the threads' hand-offs leave a second thread idle, another stream's step fills it.
@@ -86,12 +86,22 @@ class Ticket:
             self.finished = True
         self.on_done(self)
 
-    def fail(self, error: ServiceError) -> None:
+    def fail(self, error: ServiceError) -> bool:
+        """Finish with `error`, unless finished already; whether this call finished it."""
         with self._lock:
             if self.finished:
-                return
+                return False
             self.error, self.finished = error, True
         self.on_done(self)
+        return True
+
+    def drop(self) -> bool:
+        """The client went away: finished without an answer (nobody waits for one); whether this call did it."""
+        with self._lock:
+            if self.finished:
+                return False
+            self.finished = True
+            return True
 
 
 @dataclass
@@ -119,7 +129,7 @@ class Encoding:
 @dataclass
 class Waiting:
     """The sentences not yet admitted, shared by a model's streams, with the rows each stream holds (its running
-    and encoding sentences' beams, as of its last admission) so that newcomers go to the least loaded one."""
+    and encoding sentences' beams, as of its last admission) so that each takes newcomers up to an even share."""
 
     jobs: deque[SentenceJob] = field(default_factory=deque)
     lock: threading.Condition = field(default_factory=threading.Condition)
@@ -187,7 +197,7 @@ class Scheduler:
                 job.enqueued_at = now
             self.waiting.extend(jobs)
             self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
-            self._lock.notify_all()  # every idle stream: the least loaded takes the first
+            self._lock.notify_all()  # every idle stream wakes, and takes up to its share
 
     def fits(self, options: SearchOptions, src_len: int) -> bool:
         return fits(self.limits, options, src_len)
@@ -297,9 +307,8 @@ class Scheduler:
         """Whether the ticket's sentences should still run. One past its deadline is failed by `_expire`, once
         its sentences have left the queue and the queue's depth is set: an engine process sends that depth
         ahead of the failure, so the server never sees the answer before the queue it left."""
-        if ticket.cancelled and not ticket.finished:
+        if ticket.cancelled and ticket.drop():  # once, whichever stream sees it first
             self.metrics.cancelled.labels(self.model).inc()
-            ticket.finished = True  # nobody waits for it any more
         if ticket.abandoned:
             return False
         if now > ticket.deadline:
@@ -314,9 +323,9 @@ class Scheduler:
         with self._lock:
             self.shared.keep(lambda job: id(job.ticket) not in expired)
             self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
-        for ticket in expired.values():
-            self.metrics.deadline_expired.labels(self.model).inc()
-            ticket.fail(DeadlineExceeded("the request's deadline passed before its translation finished"))
+        for ticket in expired.values():  # a request whose sentences ran on two streams is counted once
+            if ticket.fail(DeadlineExceeded("the request's deadline passed before its translation finished")):
+                self.metrics.deadline_expired.labels(self.model).inc()
 
     # -- 2. admission --------------------------------------------------------------------------
 

@@ -332,3 +332,26 @@ def test_a_ticket_whose_sentences_finish_on_two_threads_at_once_is_done_once() -
     for thread in threads:
         thread.join()
     assert len(done) == len(tickets) and len({id(t) for t in done}) == len(tickets)
+
+
+def test_a_request_split_between_streams_is_counted_once_when_it_expires_or_is_cancelled() -> None:
+    group, _ = streams()
+    first, second = group.members
+    long = SearchOptions(max_new_tokens=50, min_new_tokens=50)
+    late = submit(group, sources(2, seed=25), long, deadline=5.0)
+    first.run_once()  # one sentence each: an even share
+    second.run_once()
+    gone = submit(group, sources(2, seed=26), long)
+    first.run_once()
+    second.run_once()
+    assert {id(r.job.ticket) for r in first.active} == {id(r.job.ticket) for r in second.active}  # split
+    first.clock.now = 6.0
+    gone.cancelled = True
+    first._drop_expired()  # both streams see the deadline pass before either fails the request (their threads
+    second._drop_expired()  # interleave so), then each fails what it saw
+    first._expire()
+    second._expire()
+    assert isinstance(late.error, DeadlineExceeded) and gone.finished and group.idle
+    metrics = first.metrics
+    assert metrics.deadline_expired.labels("fake")._value.get() == 1
+    assert metrics.cancelled.labels("fake")._value.get() == 1
