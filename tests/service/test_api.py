@@ -227,3 +227,12 @@ def test_short_text_is_prepared_on_the_event_loop_and_long_text_in_a_thread() ->
 
     assert asyncio.run(where(True)) == threading.get_ident()
     assert asyncio.run(where(False)) != threading.get_ident()
+
+
+def test_two_streams_in_the_server_process_answer_as_one(model_dir: Path) -> None:
+    settings = settings_for(model_dir, engine_process=False, decoder_streams=2)
+    q = ["Open the file.", "Delete %d items?", "Save the document as %s.", "The file was saved."]
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/v1/models").json()["models"][0]["decoder_streams"] == 2
+        body = c.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()
+    assert body["translatedText"] == [solo(model_dir, text) for text in q]  # its sentences on either stream
