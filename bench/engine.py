@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -92,19 +91,13 @@ class Ours:
 
     def translate(self, sources: list[list[int]], beam: int, batch: int, forced: int | None) -> list[list[int]]:
         from service.decoding import SearchOptions
-        from service.engine import decode_batch
+        from service.engine import decode_batches
 
         options = SearchOptions(beam_size=beam, max_new_tokens=forced or 256, min_new_tokens=forced or 0)
         size = max(1, batch // self.streams)  # each stream's sub-batch
         chunks = [sources[start : start + size] for start in range(0, len(sources), size)]
-
-        def decode(chunk: list[list[int]]) -> list[list[int]]:
-            return [list(h[0].tokens) for h in decode_batch(self.runtime, chunk, [options] * len(chunk), self.rules)]
-
-        if self.streams == 1:  # on this thread: a pool's thread would get a malloc arena of its own (more RSS)
-            return [tokens for chunk in chunks for tokens in decode(chunk)]
-        with ThreadPoolExecutor(self.streams) as pool:  # ONNX Runtime releases the GIL while a graph runs
-            return [tokens for chunk in pool.map(decode, chunks) for tokens in chunk]
+        decoded = decode_batches(self.runtime, chunks, [[options] * len(c) for c in chunks], self.rules, self.streams)
+        return [list(hyps[0].tokens) for results in decoded for hyps in results]
 
 
 class Transformers:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from tqdm import tqdm
 from model_export.corpus.clean import placeholders
 from model_export.errors import ExportError
 from service.decoding import SearchOptions
-from service.engine import TokenRules, decode_batch
+from service.engine import TokenRules, decode_batches
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
 from service.tokenizer import Tokenizer
@@ -89,20 +88,15 @@ def translate_all(
     order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
     size = max(1, batch_size // streams)
     batches = [order[start : start + size] for start in range(0, len(order), size)]
-
-    def decode(batch: list[int]) -> list:
-        options = [SearchOptions(beam_size, min(256, 2 * len(encoded[i]) + 10)) for i in batch]
-        return decode_batch(runtime, [encoded[i] for i in batch], options, rules)
-
+    options = [[SearchOptions(beam_size, min(256, 2 * len(encoded[i]) + 10)) for i in batch] for batch in batches]
     translations, tokens = [""] * len(sources), 0
     started = time.perf_counter()
-    with ThreadPoolExecutor(streams) as pool:  # ONNX Runtime releases the GIL while a graph runs
-        decoded = map(decode, batches) if streams == 1 else pool.map(decode, batches)
-        pairs = zip(batches, decoded, strict=True)
-        for batch, results in tqdm(pairs, total=len(batches), desc="translating", unit="batch", leave=False):
-            for i, hyps in zip(batch, results, strict=True):
-                translations[i] = tokenizer.decode(hyps[0].tokens)
-                tokens += len(hyps[0].tokens)
+    decoded = decode_batches(runtime, [[encoded[i] for i in b] for b in batches], options, rules, streams)
+    pairs = zip(batches, decoded, strict=True)
+    for batch, results in tqdm(pairs, total=len(batches), desc="translating", unit="batch", leave=False):
+        for i, hyps in zip(batch, results, strict=True):
+            translations[i] = tokenizer.decode(hyps[0].tokens)
+            tokens += len(hyps[0].tokens)
     return translations, tokens, time.perf_counter() - started
 
 

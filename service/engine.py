@@ -1,11 +1,14 @@
 """The decoding loop over token ids: encoder once per sentence, then one step per token for all rows.
 
 `decode_batch` runs a fixed set of sentences to completion (the static mode and the reference loop
-over the graphs). It sees token ids only: text lives in the tokenizer and the HTTP layer.
+over the graphs); `decode_batches` runs many such batches, in streams (the offline evaluation and the
+benchmarks). It sees token ids only: text lives in the tokenizer and the HTTP layer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,3 +93,20 @@ def decode_batch(
         cache.select(rows)
         live = [live[i] for i in order]
     return [s.results() for s in searches]
+
+
+def decode_batches(
+    runtime: Runtime,
+    batches: list[list[list[int]]],
+    options: list[list[SearchOptions]],
+    rules: TokenRules,
+    streams: int = 1,
+) -> Iterator[list[list[Hypothesis]]]:
+    """Each batch's results, in order; with `streams` > 1, that many batches decode at once on threads of their
+    own (ONNX Runtime releases the GIL while a graph runs; give the sessions cores / streams threads). One stream
+    runs on the calling thread: a pool's thread would get a malloc arena of its own (more resident memory)."""
+    if streams == 1:
+        yield from (decode_batch(runtime, b, o, rules) for b, o in zip(batches, options, strict=True))
+        return
+    with ThreadPoolExecutor(streams) as pool:
+        yield from pool.map(lambda b, o: decode_batch(runtime, b, o, rules), batches, options)

@@ -460,19 +460,8 @@ class Streams:
     """A model's decoding streams: Schedulers sharing one queue and the model's sessions, each with its own batch,
     cache and threads. What the Translator and the engine process use in place of one Scheduler."""
 
-    def __init__(
-        self,
-        runtime: Runtime,
-        rules: TokenRules,
-        limits: BatchLimits,
-        metrics: Metrics,
-        model: str,
-        count: int,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        shared = Waiting()
-        self.members = [Scheduler(runtime, rules, limits, metrics, model, clock, shared, i) for i in range(count)]
-        self.first = self.members[0]
+    def __init__(self, members: list[Scheduler]) -> None:
+        self.members, self.first = members, members[0]  # built by new_scheduler, around one Waiting
 
     def submit(self, jobs: list[SentenceJob]) -> None:
         self.first.submit(jobs)  # into the shared queue
@@ -520,9 +509,16 @@ class Streams:
 
 
 def new_scheduler(
-    runtime: Runtime, rules: TokenRules, limits: BatchLimits, metrics: Metrics, model: str, streams: int = 1
+    runtime: Runtime,
+    rules: TokenRules,
+    limits: BatchLimits,
+    metrics: Metrics,
+    model: str,
+    streams: int = 1,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Scheduler | Streams:
     """One Scheduler, or `streams` of them sharing a queue."""
     if streams == 1:
-        return Scheduler(runtime, rules, limits, metrics, model)
-    return Streams(runtime, rules, limits, metrics, model, streams)
+        return Scheduler(runtime, rules, limits, metrics, model, clock)
+    shared = Waiting()
+    return Streams([Scheduler(runtime, rules, limits, metrics, model, clock, shared, i) for i in range(streams)])

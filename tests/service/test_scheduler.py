@@ -14,7 +14,7 @@ from service.engine import TokenRules, decode_batch, place
 from service.errors import DeadlineExceeded, InferenceError, Overloaded
 from service.metrics import Metrics
 from service.runtime import Memory
-from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket
+from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
 from tests.fakes import EOS, PAD, START, FakeRuntime
 
 RULES = TokenRules(decoder_start_id=START, eos_id=EOS, pad_id=PAD)
@@ -261,7 +261,9 @@ def test_stopping_fails_sentences_whose_pass_is_in_flight() -> None:
 
 def streams(count: int = 2, limits: BatchLimits | None = None) -> tuple[Streams, FakeRuntime]:
     runtime = FakeRuntime()
-    return Streams(runtime, RULES, limits or BatchLimits(), Metrics(), "fake", count, clock=Clock()), runtime
+    group = new_scheduler(runtime, RULES, limits or BatchLimits(), Metrics(), "fake", count, clock=Clock())
+    assert isinstance(group, Streams)
+    return group, runtime
 
 
 def test_streams_take_newcomers_from_one_queue_in_even_shares() -> None:
