@@ -210,8 +210,10 @@ class OnnxRuntime:
         self._dec_one = {
             role: dec.one(role) for role in ("input_ids", "positions", "src_mask", "sentence_rows", "row_slots")
         }
-        self._dec_out = [dec.one(role) for role in ("top_log_probs", "top_ids")]
-        self._dec_log_probs = dec.one("log_probs")
+        self._dec_out = {
+            role: next(s for s in dec.outputs if s.name == dec.one(role))
+            for role in ("top_log_probs", "top_ids", "log_probs")
+        }
         self.banned, self.top_k = step_candidates(folder, spec)  # never generated; clean candidates per row
         self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
         refuse_unverified_gpu_fp16(self.providers, self.cache_dtype, settings.experimental_gpu_fp16, folder.path)
@@ -240,19 +242,26 @@ class OnnxRuntime:
             ("row_slots", cache.row_slots),  # (B,)
         ):
             binding.bind_cpu_input(self._dec_one[role], np.ascontiguousarray(array))
-        wanted = self._dec_out + ([self._dec_log_probs] if full else [])
-        for name in wanted:
-            binding.bind_output(name)  # host memory
+        outputs = self._outputs(len(input_ids), full)  # (B, K + banned) twice [, (B, V)]: the graph writes them
+        for name, array in outputs.items():
+            binding.bind_ortvalue_output(name, ortvalue(array))  # host memory; no OrtValues to fetch afterwards
         if cache.on_gpu:
             bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
             cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
         else:
             bind_host_cache(binding, self._dec_in, self._dec_present, cache)
         self.decoder.run_with_iobinding(binding)
-        top_log_probs, top_ids, *rest = (value.numpy() for value in binding.get_outputs()[: len(wanted)])
+        top_log_probs, top_ids, *rest = outputs.values()
         cache.advance()
         top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.banned, self.top_k)
         return StepOutput(top_log_probs, top_ids, *rest)
+
+    def _outputs(self, rows: int, full: bool) -> dict[str, np.ndarray]:
+        """Host arrays for the step's outputs, by name, top_log_probs and top_ids first; log_probs only if `full`.
+        Bound before the run, they save fetching ONNX Runtime's own (all of them, the cache's presents too)."""
+        roles = ("top_log_probs", "top_ids", "log_probs") if full else ("top_log_probs", "top_ids")
+        specs = [self._dec_out[role] for role in roles]
+        return {s.name: np.empty((rows, int(s.shape[1])), s.dtype) for s in specs}  # (B, K + banned) or (B, V)
 
 
 def bind_host_cache(binding: ort.IOBinding, inputs: dict, presents: dict, cache: DecoderCache) -> None:
