@@ -102,8 +102,9 @@ class GraphBuilder:
             return self.op("Add", x, body(self.layer_norm(x, norm, f"{name}.norm")))
         return self.layer_norm(self.op("Add", x, body(x)), norm, f"{name}.norm")
 
-    def fused_qkv(self, x: str, attn: MultiHeadAttention, name: str, parts: str) -> list[str]:
-        """One MatMul for several of Q, K, V ('qkv' or 'kv'); Q comes pre-scaled by 1/sqrt(d_k)."""
+    def packed_projection(self, x: str, attn: MultiHeadAttention, name: str, parts: str) -> str:
+        """One MatMul for several of Q, K, V ('qkv' or 'kv'), packed on the last axis: (..., D) -> (..., n*D).
+        Q comes pre-scaled by 1/sqrt(d_k)."""
         scale = 1.0 / math.sqrt(attn.head_dim)
         mods = {"q": attn.w_q, "k": attn.w_k, "v": attn.w_v}
         weights = [_np(mods[p].weight) * (scale if p == "q" else 1.0) for p in parts]
@@ -112,6 +113,11 @@ class GraphBuilder:
         if attn.w_q.bias is not None:
             biases = [_np(mods[p].bias) * (scale if p == "q" else 1.0) for p in parts]
             y = self.op("Add", y, self.const(f"{name}.b_{parts}", np.concatenate(biases)))
+        return y
+
+    def fused_qkv(self, x: str, attn: MultiHeadAttention, name: str, parts: str) -> list[str]:
+        """packed_projection split into its parts: (..., D) each."""
+        y = self.packed_projection(x, attn, name, parts)  # (..., n*D)
         d = attn.n_heads * attn.head_dim
         return self.ops("Split", y, self.ints([d] * len(parts)), n_out=len(parts), axis=-1)
 
@@ -175,15 +181,17 @@ def build_encoder(model: Transformer) -> onnx.ModelProto:
 
 
 def _step_self_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: int, cfg) -> str:
-    """GroupQueryAttention over each row's own cached steps and itself; it writes the row's new key and value
-    into the cache at slot `positions` (present_key_i/present_value_i: the same buffers when bound so)."""
+    """GroupQueryAttention over each row's own cached steps and itself, fed Q, K and V packed in one tensor; it
+    writes the row's new key and value into the cache at slot `positions` (present_key_i/present_value_i: the same
+    buffers when bound so)."""
     name = f"decoder.{i}.self"
-    q, k, v = (g.op("Unsqueeze", t, g.ints([1])) for t in g.fused_qkv(y, attn, name, "qkv"))  # (B, 1, D) each
+    packed = g.op("Unsqueeze", g.packed_projection(y, attn, name, "qkv"), g.ints([1]))  # (B, 1, 3D)
     context = g._fresh("self_context")
     g.ops_named(
-        "GroupQueryAttention", q, k, v, f"self_key_{i}", f"self_value_{i}", "seqlens_k", "total_sequence_length",
-        outs=[context, f"present_key_{i}", f"present_value_{i}"], domain=graph_io.CONTRIB_DOMAIN,
-        num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads, scale=1.0,  # Q comes pre-scaled by 1/sqrt(d_k)
+        "GroupQueryAttention", packed, "", "", f"self_key_{i}", f"self_value_{i}", "seqlens_k",
+        "total_sequence_length", outs=[context, f"present_key_{i}", f"present_value_{i}"],
+        domain=graph_io.CONTRIB_DOMAIN, num_heads=cfg.n_heads, kv_num_heads=cfg.n_heads,
+        scale=1.0,  # Q comes pre-scaled by 1/sqrt(d_k)
     )  # (B, 1, D); the caches (B, H, T, Dh) with this step at slot positions[b]
     merged = g.op("Squeeze", context, g.ints([1]))  # (B, D)
     return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, D)
@@ -191,17 +199,18 @@ def _step_self_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: i
 
 def _step_cross_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: int, cfg) -> str:
     """Each sentence's rows attend together over its one copy of the source: the queries are gathered into
-    (N, H, G, Dh) blocks, the results gathered back into row order."""
-    name, h, dh = f"decoder.{i}.cross", cfg.n_heads, cfg.head_dim
+    (N, G, D) blocks, one MultiHeadAttention over the cached (N, H, S, Dh) keys and values, the results gathered
+    back into row order."""
+    name = f"decoder.{i}.cross"
     scale = 1.0 / math.sqrt(attn.head_dim)
     bias = None if attn.w_q.bias is None else attn.w_q.bias * scale
     q = g.linear(y, attn.w_q.weight * scale, bias, f"{name}.w_q")  # (B, D)
-    grouped = g.op("Reshape", g.op("Gather", q, "sentence_rows", axis=0), g.ints([0, 0, h, dh]))  # (N, G, H, Dh)
-    q4 = g.op("Transpose", grouped, perm=[0, 2, 1, 3])  # (N, H, G, Dh)
-    keys_t = g.op("Transpose", f"cross_key_{i}", perm=[0, 1, 3, 2])  # (N, H, Dh, S), fused into the MatMul
-    scores = g.op("Add", g.op("MatMul", q4, keys_t), "src_bias4")  # (N, H, G, S)
-    context = g.op("MatMul", g.op("Softmax", scores, axis=-1), f"cross_value_{i}")  # (N, H, G, Dh)
-    slots = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), g.ints([-1, cfg.d_model]))  # (N * G, D)
+    grouped = g.op("Gather", q, "sentence_rows", axis=0)  # (N, G, D)
+    context = g.op(
+        "MultiHeadAttention", grouped, f"cross_key_{i}", f"cross_value_{i}", "", "src_key_mask",
+        domain=graph_io.CONTRIB_DOMAIN, num_heads=cfg.n_heads, scale=1.0,  # Q comes pre-scaled by 1/sqrt(d_k)
+    )  # (N, G, D)
+    slots = g.op("Reshape", context, g.ints([-1, cfg.d_model]))  # (N * G, D)
     merged = g.op("Gather", slots, "row_slots", axis=0)  # (B, D)
     return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, D)
 
@@ -213,7 +222,7 @@ def build_decoder_step(model: Transformer) -> onnx.ModelProto:
     g.op("Cast", "positions", to=TensorProto.INT32, out="seqlens_k")  # (B,) cached steps per row
     longest = g.op("Add", g.op("ReduceMax", "positions", keepdims=0), g.const("one", np.int64(1)))  # ()
     g.op("Cast", longest, to=TensorProto.INT32, out="total_sequence_length")  # () the longest row with this step
-    g.op("Identity", attention_bias(g, "src_mask"), out="src_bias4")  # (N, 1, 1, S)
+    g.op("Cast", "src_mask", to=TensorProto.INT32, out="src_key_mask")  # (N, S) 1 where attended
     embedded = g.op("Gather", g.const("tgt_embed.lut", _np(model.tgt_embed.lut.weight)), "input_ids")  # (B, D)
     scaled = g.op("Mul", embedded, g.const("tgt_embed.scale", np.float32(model.tgt_embed.scale)))
     x = g.op("Add", scaled, g.op("Gather", g.const("positions.table", _np(model.positions.table)), "positions"))
