@@ -307,11 +307,14 @@ def convert_peers(base: Path, engines: list[str]) -> None:
 
 
 def written_by_this_exporter(folder: Path) -> bool:
-    """A model folder of the current format (an older one is rebuilt: the server would refuse it)."""
+    """A model folder of the current format and graph revision (an older one is rebuilt: the server would refuse
+    another format, and graphs built before a change of structure would measure the old graphs)."""
     manifest = folder / "manifest.json"
     if not manifest.exists():
         return False
-    return json.loads(manifest.read_text(encoding="utf-8")).get("format_version") == graph_io.FORMAT_VERSION
+    written = json.loads(manifest.read_text(encoding="utf-8"))
+    revision = written.get("provenance", {}).get("exporter", {}).get("graphs")
+    return written.get("format_version") == graph_io.FORMAT_VERSION and revision == graph_io.GRAPHS_REVISION
 
 
 def prepare_paper(seed: int, engines: list[str]) -> Path:

@@ -67,7 +67,7 @@ def build_manifest(checkpoint: Checkpoint, folder: Path, name: str, version: str
         "provenance": {
             **checkpoint.provenance,
             "exported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "exporter": {"torch": torch.__version__, "onnx": onnx.__version__},
+            "exporter": {"torch": torch.__version__, "onnx": onnx.__version__, "graphs": graph_io.GRAPHS_REVISION},
         },
     }
 

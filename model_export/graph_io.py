@@ -50,7 +50,11 @@ from model_export.config import TransformerConfig
 from service.model_folder import FORMAT_VERSION  # noqa: F401 - the one the server reads is the one written
 
 OPSET = 17
-CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (GroupQueryAttention), version 1
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (attention kernels), version 1
+# How the graphs are built within one format (same inputs and outputs): recorded in the manifest's provenance, so
+# that a benchmark can tell a folder exported before a change of structure. 2: cross-attention as one
+# MultiHeadAttention node.
+GRAPHS_REVISION = 2
 # The step graph also returns each row's best next tokens: TOP_K of them once pad and the decoder start are
 # dropped (the runtime drops them; it is cheaper than masking the whole distribution in the graph). Greedy and
 # beam search need no more (beam k takes 2k candidates, plus one when EOS is not allowed yet, so k <= 8), and

@@ -1,10 +1,23 @@
 """The engine benchmark's machinery on the tiny model: worker processes, forced lengths, alternation, tables."""
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from bench.engine import FORCED, THREADS, Engine, Setting, benchmark, best_layouts, memory_table, split_layout, table
+from bench.engine import (
+    FORCED,
+    THREADS,
+    Engine,
+    Setting,
+    benchmark,
+    best_layouts,
+    memory_table,
+    split_layout,
+    table,
+    written_by_this_exporter,
+)
 
 
 def test_engines_run_in_workers_with_forced_lengths_and_report_tables(model_dir: Path) -> None:
@@ -48,3 +61,19 @@ def test_layouts_split_the_threads_between_streams() -> None:
     for bad in (f"ours-int8@{THREADS}x2", "ours-int8@2", "ours-int8@axb", "ours-int8@0x1"):
         with pytest.raises(SystemExit, match="STREAMSxTHREADS"):
             split_layout(bad)
+
+
+def test_a_folder_from_an_older_exporter_is_rebuilt(model_dir: Path, tmp_path: Path) -> None:
+    """The benchmark rebuilds its model folders when the format or the graphs' structure changed since."""
+    assert written_by_this_exporter(model_dir)
+    for key, old in (("format_version", 2), ("graphs", 1), ("graphs", None)):
+        folder = Path(shutil.copytree(model_dir, tmp_path / f"{key}-{old}"))
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        place = manifest if key == "format_version" else manifest["provenance"]["exporter"]
+        if old is None:
+            del place[key]  # a folder exported before the revision was recorded
+        else:
+            place[key] = old
+        (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+        assert not written_by_this_exporter(folder), (key, old)
+    assert not written_by_this_exporter(tmp_path / "missing")
