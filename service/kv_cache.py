@@ -61,6 +61,7 @@ class DecoderCache:
         self.sentence = np.zeros(0, np.int64)  # (B,) each row's sentence: its index in the cross buffers
         self.src_mask = np.zeros((0, 1), np.bool_)  # (N, S) per sentence
         self._groups: tuple[np.ndarray, np.ndarray] | None = None  # sentence_rows, row_slots of these rows
+        self.bound: Any = None  # a runtime's binding of the arrays a step is given (service/runtime.py); see _changed
 
     @property
     def rows(self) -> int:
@@ -103,6 +104,7 @@ class DecoderCache:
         """New sentences with one row each and no steps yet: cross_keys and cross_values (L, b, H, S', Dh),
         src_mask (b, S')."""
         b, width, first = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1]), self.sentences
+        self._changed()
         self._reserve(self.rows + b, first + b, width)
         for name, new in (("cross_keys", cross_keys), ("cross_values", cross_values)):
             for layer, new_layer in zip(self._store[name], self.xp.asarray(new), strict=True):  # (R', H, S, Dh)
@@ -124,8 +126,13 @@ class DecoderCache:
         filled = int(self.lengths.max(initial=0))  # time slots any row has written
         for name in ("self_keys", "self_values"):
             self._copy_rows(name, moved, rows[moved], filled)
-        self.lengths = self.lengths[rows]  # (B',)
-        self.sentence = self.sentence[rows]  # (B',)
+        lengths, sentence = self.lengths[rows], self.sentence[rows]  # (B',) each
+        if n == self.rows and np.array_equal(sentence, self.sentence):
+            self.lengths[:] = lengths  # beams changing parents within their sentences: same arrays, same groups
+            self._shrink()
+            return
+        self._changed()
+        self.lengths, self.sentence = lengths, sentence
         self._drop_sentences()
         self._groups = None
         self._shrink()
@@ -164,7 +171,8 @@ class DecoderCache:
             self._resize_time(("self_keys", "self_values"), fitted_capacity(int(self.lengths.max()) + 1))
 
     def advance(self) -> None:
-        """Every row's step has been written (by the step graph, at slot `lengths[row]`): count it."""
+        """Every row's step has been written (by the step graph, at slot `lengths[row]`): count it, in place (a
+        runtime may have bound `lengths` itself)."""
         self.lengths += 1
 
     def _reserve(self, rows: int, sentences: int, width: int) -> None:
@@ -199,8 +207,16 @@ class DecoderCache:
         """One buffer to (rows, H, time, Dh) per layer, a layer at a time: each old layer is freed as soon as
         its rows are copied."""
         store, live = self._store[name], self.rows if name.startswith("self") else self.sentences
+        self._changed()
         for i in range(len(store)):
             store[i] = resized(store[i], rows, time, live, self.xp)  # (rows, H, time, Dh)
+
+    def _changed(self) -> None:
+        """The arrays a step is given (the buffers' live rows, lengths, src_mask, the groups) are about to be
+        others: a runtime's binding of them is stale, and is dropped before the old buffers are replaced, so that
+        it does not keep them alive (a buffer is replaced a layer at a time so that old and new are never both
+        whole). Between changes, counting a step and reordering beams within their sentences happen in place."""
+        self.bound = None
 
 
 def group_rows(sentence: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

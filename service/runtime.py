@@ -55,6 +55,16 @@ class StepOutput(NamedTuple):
     log_probs: np.ndarray | None = None  # (B, V) the whole distribution, only when asked (verification)
 
 
+@dataclass(frozen=True)
+class Binding:
+    """A cache's IO binding for the step graph (see OnnxRuntime._bind), kept in the cache until its arrays change."""
+
+    full: bool  # log_probs bound too
+    binding: ort.IOBinding
+    input_ids: np.ndarray  # (B,) bound; each step copies its tokens in
+    outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, K + banned)[, log_probs (B, V)], bound
+
+
 class Runtime(Protocol):
     """What the decoding loop needs from a model; tests substitute a fake."""
 
@@ -233,28 +243,43 @@ class OnnxRuntime:
         (bound as both its self_key_i input and its present_key_i output), then the cache counts the step. The
         (B, V) log-probs leave the graph only if `full`: searches need the top K."""
         cache.make_room()  # a free slot per row, before the buffers are bound
-        binding = self.decoder.io_binding()  # one per step: a step may run on any thread
+        bound = cache.bound  # the cache drops it whenever the arrays it binds change
+        if bound is None or bound.full != full:
+            bound = cache.bound = self._bind(cache, full)
+        bound.input_ids[:] = input_ids  # (B,)
+        if cache.on_gpu:
+            cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
+        self.decoder.run_with_iobinding(bound.binding)
+        top_log_probs, top_ids, *rest = (array.copy() for array in bound.outputs)  # the next step rewrites them
+        cache.advance()
+        top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.banned, self.top_k)
+        return StepOutput(top_log_probs, top_ids, *rest)
+
+    def _bind(self, cache: DecoderCache, full: bool) -> Binding:
+        """The step's inputs and outputs bound to the cache's arrays and to output arrays of its rows: valid, and
+        reused, until the cache's arrays change (rows joining or leaving, a buffer resized). In between, a step
+        copies its tokens in and reads the outputs: `positions` is the cache's own `lengths`, which it counts in
+        place, and the graph writes the cache's buffers in place (present_key_i bound to self_key_i's memory)."""
+        binding = self.decoder.io_binding()
+        input_ids = np.zeros(cache.rows, np.int64)  # (B,) each step's tokens, copied in
         for role, array in (
             ("input_ids", input_ids),  # (B,)
-            ("positions", cache.lengths),  # (B,) = each row's cached steps
+            ("positions", cache.lengths),  # (B,) = each row's cached steps, counted in place by `advance`
             ("src_mask", cache.src_mask),  # (N, S)
             ("sentence_rows", cache.sentence_rows),  # (N, G)
             ("row_slots", cache.row_slots),  # (B,)
         ):
-            binding.bind_cpu_input(self._dec_one[role], np.ascontiguousarray(array))
-        outputs = self._outputs(len(input_ids), full)  # (B, K + banned) twice [, (B, V)]: the graph writes them
+            if not array.flags.c_contiguous:  # bound by reference: a contiguous copy would not see later updates
+                raise ValueError(f"{role} must be a contiguous array")
+            binding.bind_ortvalue_input(self._dec_one[role], ortvalue(array))
+        outputs = self._outputs(cache.rows, full)  # (B, K + banned) twice [, (B, V)]: the graph writes them
         for name, array in outputs.items():
             binding.bind_ortvalue_output(name, ortvalue(array))  # host memory; no OrtValues to fetch afterwards
         if cache.on_gpu:
             bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
-            cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
         else:
             bind_host_cache(binding, self._dec_in, self._dec_present, cache)
-        self.decoder.run_with_iobinding(binding)
-        top_log_probs, top_ids, *rest = outputs.values()
-        cache.advance()
-        top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.banned, self.top_k)
-        return StepOutput(top_log_probs, top_ids, *rest)
+        return Binding(full, binding, input_ids, tuple(outputs.values()))
 
     def _outputs(self, rows: int, full: bool) -> dict[str, np.ndarray]:
         """Host arrays for the step's outputs, by name, top_log_probs and top_ids first; log_probs only if `full`.

@@ -1,6 +1,8 @@
 import numpy as np
+import pytest
 
-from service.kv_cache import MIN_CAPACITY, DecoderCache, fitted_capacity, group_rows
+from service import kv_cache
+from service.kv_cache import MIN_CAPACITY, DecoderCache, fitted_capacity, group_rows, resized
 
 
 def memory(rows: int, src_len: int, fill: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -231,3 +233,39 @@ def test_keeping_every_row_in_place_changes_nothing_and_keeps_the_groups() -> No
     assert np.array_equal(stacked(cache.self_keys), before)
     cache.select(np.array([0, 2]))  # a row leaves: the groups follow
     assert cache.sentence_rows.tolist() == [[0], [1]] and cache.lengths.tolist() == [1, 1]
+
+
+def test_a_binding_is_kept_while_the_arrays_a_step_is_given_stay_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime keeps its binding of the cache's arrays in `bound` until the cache drops it: while it holds, every
+    array it binds must be the same object with the same rows (counting a step and reordering beams in place), and
+    it must be dropped before a buffer is replaced, so that it does not keep the old buffer alive."""
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(2, 5, 1.0))
+    cache.select(np.array([0, 0, 0, 1, 1, 1]))  # two sentences of three beams
+    append(cache, step(6, 10.0), step(6, 20.0))
+
+    def bound() -> list:
+        arrays = [cache.lengths, cache.src_mask, cache.sentence_rows, cache.row_slots]
+        buffers = [layer for name in ("self_keys", "self_values", "cross_keys", "cross_values")
+                   for layer in getattr(cache, name)]
+        return [(a.ctypes.data, a.shape) for a in arrays + buffers]
+
+    cache.bound, before, lengths = "binding", bound(), cache.lengths
+    cache.advance()
+    cache.select(np.arange(6))  # every row in place
+    cache.select(np.array([1, 1, 0, 3, 5, 4]))  # beams change parents within their sentences
+    assert cache.bound == "binding" and bound() == before and cache.lengths is lengths
+    assert cache.lengths.tolist() == [2] * 6 and cache.sentence_rows.tolist() == [[0, 1, 2], [3, 4, 5]]
+    for change in (
+        lambda: cache.select(np.array([0, 1, 2, 3, 4])),  # a row leaves
+        lambda: cache.select(np.array([0, 1, 2, 3, 4, 4])),  # a row joins its sentence
+        lambda: cache.add(*memory(1, 5, 3.0)),  # a sentence joins
+    ):
+        cache.bound = "binding"
+        change()
+        assert cache.bound is None
+    cache.bound, seen = "binding", []  # the time axis grows: the binding goes before the first layer is replaced
+    monkeypatch.setattr(kv_cache, "resized", lambda *args: (seen.append(cache.bound), resized(*args))[1])
+    for _ in range(MIN_CAPACITY):
+        append(cache, step(cache.rows, 1.0), step(cache.rows, 1.0))
+    assert seen and set(seen) == {None}

@@ -5,6 +5,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 
@@ -123,3 +124,44 @@ def test_available_cores_follow_a_cgroup_cpu_quota(tmp_path: Path) -> None:
     assert available_cores(tmp_path / "v1") == 1
     (v1 / "cpu.cfs_quota_us").write_text("-1\n")
     assert available_cores(tmp_path / "v1") == cores
+
+
+def test_a_kept_binding_steps_as_a_fresh_one_through_joins_beams_leaves_and_growth(model_dir: Path) -> None:
+    """The runtime binds a cache's arrays once per layout and reuses the binding: every step must give what a
+    binding made for that step alone gives (two caches in turn, sentences joining, beams reordering, rows leaving,
+    the time axis growing)."""
+    folder = load_model_folder(model_dir)
+    kept, fresh = OnnxRuntime(folder, "fp32"), OnnxRuntime(folder, "fp32")
+    rng = np.random.default_rng(0)
+    vocab = folder.manifest.config.src_vocab_size
+
+    def source(n: int, length: int) -> tuple:
+        ids, mask = rng.integers(4, vocab, (n, length)), np.ones((n, length), np.bool_)
+        return kept.encode(ids, mask), mask
+
+    caches = {name: (kept.new_cache(), fresh.new_cache()) for name in ("a", "b")}
+    for name, n in (("a", 2), ("b", 1)):
+        memory, mask = source(n, 6)
+        for cache in caches[name]:
+            cache.add(memory.keys, memory.values, mask)
+    for t in range(20):
+        for name, (ours, theirs) in caches.items():
+            tokens = rng.integers(4, vocab, ours.rows)
+            got, expected = kept.step(tokens, ours), fresh.step(tokens, theirs)
+            theirs.bound = None  # `fresh` binds anew at every step
+            np.testing.assert_array_equal(got.top_ids, expected.top_ids)
+            np.testing.assert_allclose(got.top_log_probs, expected.top_log_probs, rtol=0, atol=1e-6)
+            within = np.arange(ours.rows)  # (B,) beams that change parents within their sentences
+            for sentence in np.unique(ours.sentence):
+                mine = np.flatnonzero(ours.sentence == sentence)
+                within[mine] = rng.choice(mine, len(mine))
+            rows = {3: np.repeat(np.arange(ours.rows), 2), 5: rng.permutation(ours.rows), 9: np.arange(ours.rows - 1)}
+            rows |= {t: within for t in (4, 12, 13)}
+            if t in rows:
+                for cache in (ours, theirs):
+                    cache.select(rows[t])
+            if t == 7 and name == "a":
+                memory, mask = source(1, 9)  # a longer source joins
+                for cache in (ours, theirs):
+                    cache.add(memory.keys, memory.values, mask)
+    assert caches["a"][0].capacity > 16  # the time axis grew on the way
