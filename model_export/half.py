@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from model_export.export import add_variant, fp32_copy
 
-FP16_MAX = float(np.finfo(np.float16).max)  # 65504: the fp32 graphs' masking constant (fp32 min) becomes -65504
+FP16_MAX = float(np.finfo(np.float16).max)  # 65504: the fp32 encoder's masking constant (fp32 min) becomes -65504
 FLOAT32_ROLES = {"log_probs", "top_log_probs"}  # outputs that stay float32
 SOFTMAX_INPUT_CAST = "logits_float32"
 

@@ -220,10 +220,8 @@ class OnnxRuntime:
         self._dec_one = {
             role: dec.one(role) for role in ("input_ids", "positions", "src_mask", "sentence_rows", "row_slots")
         }
-        self._dec_out = {
-            role: next(s for s in dec.outputs if s.name == dec.one(role))
-            for role in ("top_log_probs", "top_ids", "log_probs")
-        }
+        outputs = {s.name: s for s in dec.outputs}
+        self._dec_out = {role: outputs[dec.one(role)] for role in ("top_log_probs", "top_ids", "log_probs")}
         self.banned, self.top_k = step_candidates(folder, spec)  # never generated; clean candidates per row
         self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
         refuse_unverified_gpu_fp16(self.providers, self.cache_dtype, settings.experimental_gpu_fp16, folder.path)
