@@ -101,6 +101,26 @@ def test_leaving_sentences_are_replaced_by_the_last_live_ones() -> None:
     assert cache.sentence_rows.tolist() == [[3, 3], [0, 1], [2, 2]]
 
 
+def test_a_row_that_takes_another_ones_place_copies_only_what_that_one_wrote() -> None:
+    """A continuous batch moves a late, short sentence into a finished long one's place at nearly every step: it
+    copies that sentence's own slots and source positions, not the longest row's or source's."""
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(2, 9, 1.0))  # two long sentences
+    for _ in range(20):
+        append(cache, step(2, 1.0), step(2, 1.0))
+    cache.add(*memory(1, 3, 2.0))  # a short one joins late
+    append(cache, step(3, 2.0), step(3, 2.0))
+    for buffer in (cache.self_keys, cache.cross_keys):
+        for layer in buffer:
+            layer[0] = -7.0  # what the first long sentence's row and source leave behind
+    cache.select(np.array([2, 1]))  # the first long one finished: the short one takes its row and source place
+    assert cache.lengths.tolist() == [1, 21] and cache.src_mask.sum(axis=1).tolist() == [3, 9]
+    assert (stacked(cache.self_keys)[:, 0, :, :1] == 2.0).all()  # its one step
+    assert (stacked(cache.self_keys)[:, 0, :, 1:21] == -7.0).all()  # not the long row's 21 slots
+    assert (stacked(cache.cross_keys)[:, 0, :, :3] == 2.0).all()  # its 3 source positions
+    assert (stacked(cache.cross_keys)[:, 0, :, 3:] == -7.0).all()  # not the 9 of the longest source
+
+
 def test_buffers_stay_contiguous_for_the_graphs() -> None:
     """A non-contiguous input is copied by ONNX Runtime at every step: every buffer must stay C-contiguous."""
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
@@ -167,12 +187,12 @@ def test_rows_join_and_branch_in_place_while_there_is_room() -> None:
 def test_time_and_source_axes_shrink_once_the_rows_that_needed_them_leave() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(1, 20, 1.0))  # a long sentence
-    for t in range(40):
+    for t in range(70):
         append(cache, step(1, float(t)), step(1, float(t)))
     cache.add(*memory(2, 3, 2.0))  # two short ones join it
     for t in range(2):
         append(cache, step(3, 100.0 + t), step(3, 100.0 + t))
-    assert cache.capacity == 48 and cache.src_mask.shape[1] == 20  # 16, then 32, then 41 rounded up
+    assert cache.capacity == 96 and cache.src_mask.shape[1] == 20  # 16, 32, 48, 64, then 65 and a quarter
     cache.select(np.array([1, 2]))  # the long one finished
     assert cache.capacity == MIN_CAPACITY and cache.lengths.tolist() == [2, 2]
     assert cache.src_mask.shape == (2, 3) and stacked(cache.cross_keys).shape == (2, 2, 3, 3, 4)
@@ -195,6 +215,26 @@ def test_axes_keep_their_size_when_shrinking_would_not_halve_them() -> None:
     cache.select(np.array([1]))  # the 9-token source left, the 7-token one stays: more than half
     assert cache.capacity == 2 * MIN_CAPACITY and np.shares_memory(cache.self_keys[0], buffer[0])
     assert cache.src_mask.shape == (1, 9)
+
+
+def test_the_time_axis_keeps_its_room_until_a_quarter_of_it_would_do() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(1, 4, 1.0))
+    for _ in range(3 * MIN_CAPACITY):  # capacity 48 (one sentence 48 steps long) and then 64
+        append(cache, step(1, 1.0), step(1, 1.0))
+    cache.add(*memory(1, 4, 2.0))
+    append(cache, step(2, 2.0), step(2, 2.0))
+    buffer = cache.self_keys
+    cache.select(np.array([1]))  # the long one left: 16 slots would do, a quarter of 64
+    assert cache.capacity == MIN_CAPACITY and cache.lengths.tolist() == [1]
+    for _ in range(2 * MIN_CAPACITY + 8):  # 41 steps: capacity 48
+        append(cache, step(1, 3.0), step(1, 3.0))
+    cache.add(*memory(1, 4, 4.0))
+    append(cache, step(2, 4.0), step(2, 4.0))
+    buffer = cache.self_keys
+    cache.select(np.array([1]))  # the long one left: 16 slots would do, a third of 48: kept
+    assert cache.capacity == 3 * MIN_CAPACITY and cache.lengths.tolist() == [1]
+    assert np.shares_memory(cache.self_keys[0], buffer[0])
 
 
 def test_capacity_grows_by_a_quarter_in_whole_blocks() -> None:
