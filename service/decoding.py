@@ -50,19 +50,26 @@ class GreedySearch:
     def rows(self) -> int:
         return 0 if self.done else 1
 
+    @property
+    def last_token(self) -> int:
+        return self.tokens[-1] if self.tokens else self.start_id
+
     def last_tokens(self) -> np.ndarray:
-        return np.array([self.tokens[-1] if self.tokens else self.start_id], dtype=np.int64)  # (1,)
+        return np.array([self.last_token], dtype=np.int64)  # (1,)
 
     def advance(self, top_log_probs: np.ndarray, top_ids: np.ndarray) -> np.ndarray:
         """The row's candidates (1, K), best first -> the rows to keep (indexes into this step's rows)."""
-        rank = 0
-        if len(self.tokens) < self.options.min_new_tokens and top_ids[0, 0] == self.eos_id:
-            rank = 1  # EOS is not allowed yet: the next best
-        token = int(top_ids[0, rank])
-        self.tokens.append(token)
-        self.log_prob += float(top_log_probs[0, rank])
-        self.done = token == self.eos_id or len(self.tokens) >= self.options.max_new_tokens
+        self.take(top_ids[0, :2].tolist(), top_log_probs[0, :2].tolist())
         return np.zeros(0 if self.done else 1, dtype=np.int64)
+
+    def take(self, ids: list[int], log_probs: list[float]) -> bool:
+        """The row's two best candidates, as Python numbers -> whether the search is done. (`advance_all` hands a
+        batch of greedy rows their candidates this way, in one conversion for all of them.)"""
+        rank = 1 if len(self.tokens) < self.options.min_new_tokens and ids[0] == self.eos_id else 0  # EOS not yet
+        self.tokens.append(ids[rank])
+        self.log_prob += log_probs[rank]
+        self.done = ids[rank] == self.eos_id or len(self.tokens) >= self.options.max_new_tokens
+        return self.done
 
     def results(self) -> list[Hypothesis]:
         return [_hypothesis(np.array(self.tokens), self.log_prob, self.options.length_penalty)]

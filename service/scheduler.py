@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.decoding import Hypothesis, Search, SearchOptions, new_search
-from service.engine import TokenRules, advance_all, decode_batch, pad_batch
+from service.engine import TokenRules, advance_all, decode_batch, last_tokens, pad_batch
 from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
 from service.metrics import Metrics
 from service.runtime import Memory, Runtime
@@ -425,7 +425,7 @@ class Scheduler:
     def _step(self) -> None:
         started = time.perf_counter()
         searches = [r.search for r in self.active]
-        input_ids = np.concatenate([s.last_tokens() for s in searches])  # (B,)
+        input_ids = last_tokens(searches)  # (B,)
         try:
             out = self.runtime.step(input_ids, self.cache)
         except Exception as error:  # noqa: BLE001 - fail this batch's requests, keep serving

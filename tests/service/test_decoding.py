@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from service.decoding import BeamSearch, GreedySearch, SearchOptions, new_search, stay_in_parent_rows
+from service.engine import advance_all, advance_each, advance_greedy, last_tokens
 from tests.fakes import top_k
 
 VOCAB, EOS, START = 5, 0, 4
@@ -106,3 +107,29 @@ def test_new_beams_stay_in_their_parents_rows_where_they_can() -> None:
     assert parents.tolist() == [0, 1, 2, 0]  # rows 0-2 continue in place; the second child of row 0 takes row 3
     assert search.sequences.tolist() == [[5, 10], [6, 20], [7, 30], [5, 11]]
     assert search.ranked.tolist() == [0, 3, 1, 2]  # best first: -0.1 (row 0), -0.2 (row 3), -0.3, -0.4
+
+
+def test_greedy_rows_advance_at_once_as_one_at_a_time() -> None:
+    """`advance_all`'s path for greedy rows (one conversion, `place` in array operations) against the general
+    one, search by search: same tokens, scores, finished searches and cache rows, through EOS bans and finishes."""
+    rng = np.random.default_rng(3)
+    options = [SearchOptions(max_new_tokens=int(n), min_new_tokens=int(m) % 5) for n, m in rng.integers(1, 16, (12, 2))]
+    fast, slow = ([GreedySearch(START, EOS, o) for o in options] for _ in range(2))
+    calm = 0  # steps in which no search finished
+    while fast:
+        assert last_tokens(fast).tolist() == np.concatenate([s.last_tokens() for s in slow]).tolist()
+        log_probs = np.log(rng.dirichlet(np.ones(VOCAB), len(fast)))  # (B, V)
+        log_probs[rng.random(len(fast)) < 0.05, EOS] = 0.0  # EOS best in some rows
+        candidates = top_k(log_probs, TOP, banned=(START,))
+        order, rows = advance_greedy(fast, *candidates)
+        assert (order, rows.tolist()) == (lambda o, r: (o, r.tolist()))(*advance_each(slow, *candidates))
+        assert [(s.tokens, s.log_prob, s.done) for s in fast] == [(s.tokens, s.log_prob, s.done) for s in slow]
+        calm += len(order) == len(fast)
+        fast, slow = [fast[i] for i in order], [slow[i] for i in order]
+    assert calm > 0
+    mixed = [[new_search(START, EOS, SearchOptions(beam_size=b)) for b in (1, 2, 1)] for _ in range(2)]
+    for _ in range(3):  # a beam search among them: all take the general path
+        candidates = top_k(np.log(rng.dirichlet(np.ones(VOCAB), sum(s.rows for s in mixed[0]))), TOP, banned=(START,))
+        (order, rows), (order2, rows2) = advance_all(mixed[0], *candidates), advance_each(mixed[1], *candidates)
+        assert order == order2 and rows.tolist() == rows2.tolist()
+        mixed = [[m[i] for i in order] for m in mixed]
