@@ -86,6 +86,8 @@ def test_rows_group_by_sentence_in_any_order_and_number() -> None:
     assert (rows.ravel()[slots] == np.arange(7)).all()  # every row finds itself back
     rows, slots = group_rows(np.arange(4), 4)  # greedy: one row per sentence
     assert rows.tolist() == [[0], [1], [2], [3]] and slots.tolist() == [0, 1, 2, 3]
+    rows, slots = group_rows(np.array([2, 0, 3, 1]), 4)  # greedy rows that moved into other sentences' places
+    assert rows.tolist() == [[1], [3], [0], [2]] and slots.tolist() == [2, 0, 3, 1]
     rows, slots = group_rows(np.zeros(0, np.int64), 0)
     assert rows.shape == (0, 1) and slots.shape == (0,)
 
@@ -305,7 +307,7 @@ def test_a_binding_is_kept_while_the_arrays_a_step_is_given_stay_the_same(monkey
         change()
         assert cache.bound is None
     cache.bound, seen = "binding", []  # the time axis grows: the binding goes before the first layer is replaced
-    monkeypatch.setattr(kv_cache, "resized", lambda *args: (seen.append(cache.bound), resized(*args))[1])
+    monkeypatch.setattr(kv_cache, "resized", lambda *a, **k: (seen.append(cache.bound), resized(*a, **k))[1])
     for _ in range(MIN_CAPACITY):
         append(cache, step(cache.rows, 1.0), step(cache.rows, 1.0))
     assert seen and set(seen) == {None}

@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from service.errors import ModelFolderError
+from service.kv_cache import MIN_CAPACITY
 from service.metrics import Metrics
 from service.model_folder import load_model_folder
 from service.runtime import (
@@ -165,3 +166,30 @@ def test_a_kept_binding_steps_as_a_fresh_one_through_joins_beams_leaves_and_grow
                 for cache in (ours, theirs):
                     cache.add(memory.keys, memory.values, mask)
     assert caches["a"][0].capacity > 16  # the time axis grew on the way
+
+
+def test_a_step_reads_no_self_attention_slot_past_each_rows_length(model_dir: Path) -> None:
+    """The cache allocates grown self-attention buffers uninitialised (np.empty: a continuous batch regrows them
+    often, and zeroing cost a third of a regrowth): the step graph must read only each row's written slots. Rows of
+    different lengths, every slot past them NaN in one cache and zero in the other: the same, finite, results."""
+    folder = load_model_folder(model_dir)
+    runtime = OnnxRuntime(folder, "fp32")
+    rng = np.random.default_rng(1)
+    vocab = folder.manifest.config.src_vocab_size
+    clean, dirty = runtime.new_cache(), runtime.new_cache()
+    for t in range(24):
+        if t in (0, 5, 17):  # sentences join at different steps: ragged lengths, the time axis grows
+            ids, mask = rng.integers(4, vocab, (1, 7)), np.ones((1, 7), np.bool_)
+            memory = runtime.encode(ids, mask)
+            for cache in (clean, dirty):
+                cache.add(memory.keys, memory.values, mask)
+        dirty.make_room()
+        for layer in (*dirty.self_keys, *dirty.self_values):  # (B, H, T, Dh)
+            for row, length in enumerate(dirty.lengths):
+                layer[row, :, length:] = np.nan  # the slot this step writes, and every one after it
+        tokens = rng.integers(4, vocab, clean.rows)
+        got, expected = runtime.step(tokens, dirty), runtime.step(tokens, clean)
+        assert np.isfinite(got.top_log_probs).all()
+        np.testing.assert_array_equal(got.top_ids, expected.top_ids)
+        np.testing.assert_array_equal(got.top_log_probs, expected.top_log_probs)
+    assert dirty.lengths.tolist() == [24, 19, 7] and dirty.capacity > MIN_CAPACITY
