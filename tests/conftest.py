@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from model_export.checkpoint import Checkpoint
 from model_export.export import export_folder
+from service import kv_cache
 from tests.factories import tiny_checkpoint, train_sentencepiece, write_checkpoint
 
 
@@ -28,3 +31,19 @@ def checkpoint_path(checkpoint: Checkpoint, tmp_path_factory: pytest.TempPathFac
 def model_dir(checkpoint: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model exported once per session. Tests that alter a folder copy it first."""
     return export_folder(checkpoint, tmp_path_factory.mktemp("models") / "tiny-en-fr", "tiny-en-fr", "0.0.1")
+
+
+@pytest.fixture(autouse=True)
+def unwritten_cache_slots_hold_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grown self-attention buffer is not zeroed (service/kv_cache.py `resized`): whatever its memory held
+    stays, often zeros. Every test sees NaN there instead, so that no result, and no test, leans on them."""
+    original = kv_cache.resized
+
+    def poisoned(layer: Any, rows: int, time: int, live: int, xp: Any = np, zeroed: bool = True) -> Any:
+        out = original(layer, rows, time, live, xp, zeroed)
+        if not zeroed and np.issubdtype(out.dtype, np.floating):
+            out[live:] = np.nan  # (rows - live, H, time, Dh)
+            out[:live, :, min(time, layer.shape[kv_cache.TIME_AXIS]) :] = np.nan  # (live, H, new slots, Dh)
+        return out
+
+    monkeypatch.setattr(kv_cache, "resized", poisoned)

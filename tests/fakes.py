@@ -43,7 +43,7 @@ class FakeRuntime:
             raise RuntimeError("injected decoder failure")
         cache.make_room()
         written = np.arange(cache.capacity) < cache.lengths[:, None]  # (B, T) the slots each row has written
-        history = (cache.self_keys[0][:, 0, :, 0] * written).sum(1)  # (B,)
+        history = np.where(written, cache.self_keys[0][:, 0, :, 0], 0.0).sum(1)  # (B,) unwritten slots hold anything
         group = cache.sentence_rows.shape[1]  # what the step graph reads: each row's sentence from its slot
         signatures = cache.cross_keys[0][cache.row_slots // group, 0, 0, 0]  # (B,)
         log_probs = np.stack(
