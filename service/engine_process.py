@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing as mp
+import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -302,20 +303,36 @@ class _Child:
 
 
 class _Outbox:
-    """The engine's side of the pipe: sends from several threads, metric updates always ahead of results."""
+    """The engine's side of the pipe, sent from a thread of its own: the scheduler thread hands a finished
+    request's results over and steps on, and they are pickled and written while its next step runs (ONNX Runtime
+    releases the GIL). Metric updates always go ahead of the messages queued after them."""
 
     def __init__(self, conn: Connection, recorder: MetricsRecorder) -> None:
-        self.conn, self.recorder, self._lock = conn, recorder, threading.Lock()
+        self.conn, self.recorder = conn, recorder
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None | object] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="engine-outbox", daemon=True)
+        self._thread.start()
 
     def send(self, message: tuple[Any, ...] | None) -> None:
-        """The metric updates recorded so far, then `message` (None: only the updates)."""
-        with self._lock:
-            updates = self.recorder.take()
+        """Queue the metric updates recorded so far, then `message` (None: only the updates)."""
+        self._queue.put(message)
+
+    def close(self) -> None:
+        """Send everything queued, then end the sending thread."""
+        self._queue.put(_CLOSED)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (message := self._queue.get()) is not _CLOSED:
+            updates = self.recorder.take()  # everything recorded before `message` was queued, and perhaps more
             with contextlib.suppress(OSError, ValueError):  # the server is gone; the main loop sees it too and ends
                 if updates:
                     self.conn.send(("metrics", updates))
                 if message is not None:
                     self.conn.send(message)
+
+
+_CLOSED = object()
 
 
 def serve(
@@ -324,10 +341,27 @@ def serve(
     """The engine process's main: load, warm, report ready, then take messages until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server drains it
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from service.translator import decoder_streams, open_runtime  # the server process never opens sessions here
-
     recorder = MetricsRecorder()
     outbox = _Outbox(conn, recorder)
+    try:
+        _serve(folder, settings, rules, limits, model, conn, recorder, outbox)
+    finally:
+        outbox.close()  # what is queued leaves before the process does
+
+
+def _serve(
+    folder: Path,
+    settings: Settings,
+    rules: TokenRules,
+    limits: BatchLimits,
+    model: str,
+    conn: Connection,
+    recorder: MetricsRecorder,
+    outbox: _Outbox,
+) -> None:
+    """`serve`, its outbox open."""
+    from service.translator import decoder_streams, open_runtime  # the server process never opens sessions here
+
     try:
         loaded = load_model_folder(folder, verify_checksums=False)  # the server checked the files
         runtime = open_runtime(loaded, settings)
