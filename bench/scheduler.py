@@ -1,0 +1,124 @@
+"""Scheduler benchmark: continuous batching alone, no HTTP. N closed-loop clients, each submitting its next
+test-set sentence the moment its last one is delivered, against the scheduler the server runs (same settings,
+MT_* environment variables included), in this process. What the server's throughput would be if HTTP, the
+engine process's pipe and the load generator cost nothing: the cleanest A/B of a scheduler or cache change on
+a shared machine, where `bench.server` moves by 10-20 % from run to run.
+
+    python -m bench.scheduler                       # the default model, 32 clients, 15 s
+    python -m bench.scheduler --clients 8,32,64 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import threading
+import time
+from pathlib import Path
+
+from service.decoding import SearchOptions
+from service.engine import TokenRules
+from service.metrics import Metrics
+from service.model_folder import load_model_folder
+from service.scheduler import SentenceJob, Ticket, new_scheduler
+from service.settings import Settings
+from service.tokenizer import Tokenizer
+from service.translator import batch_limits, decoder_streams, open_runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ClosedLoop:
+    """`clients` sentences in flight at all times: each delivery submits the next sentence (from the worker
+    thread that delivered it); counts sentences and target tokens."""
+
+    def __init__(self, scheduler: object, sources: list[list[int]], clients: int) -> None:
+        self.scheduler, self.sources, self.clients = scheduler, sources, clients
+        self.sentences = self.tokens = 0
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+        self._running = True
+
+    def start(self) -> None:
+        for _ in range(self.clients):
+            self._submit()
+
+    def stop(self) -> None:
+        self._running = False
+
+    def counts(self) -> tuple[int, int]:
+        with self._lock:
+            return self.sentences, self.tokens
+
+    def _submit(self) -> None:
+        ids = self.sources[next(self._next) % len(self.sources)]
+        ticket = Ticket(1, time.monotonic() + 600, self._done)
+        options = SearchOptions(max_new_tokens=min(256, 2 * len(ids) + 10))  # the server's default cap
+        self.scheduler.submit([SentenceJob(ids, options, ticket, 0)])  # type: ignore[attr-defined]
+
+    def _done(self, ticket: Ticket) -> None:
+        if ticket.error is not None:
+            raise SystemExit(f"a sentence failed: {ticket.error}")
+        with self._lock:
+            self.sentences += 1
+            self.tokens += len(ticket.results[0][0].tokens)  # type: ignore[index]
+        if self._running:
+            self._submit()
+
+
+def measure(scheduler: object, sources: list[list[int]], clients: int, seconds: float) -> dict[str, float]:
+    loop = ClosedLoop(scheduler, sources, clients)
+    loop.start()
+    time.sleep(min(2.0, seconds / 4))  # warm-up at this concurrency
+    (sentences, tokens), cpu, started = loop.counts(), time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    (sentences2, tokens2), cpu2, elapsed = loop.counts(), time.process_time(), time.perf_counter() - started
+    loop.stop()
+    while not scheduler.idle:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    generated = tokens2 - tokens
+    return {
+        "clients": clients,
+        "sentences_per_s": (sentences2 - sentences) / elapsed,
+        "tokens_per_s": generated / elapsed,
+        "cpu_us_per_token": (cpu2 - cpu) / max(generated, 1) * 1e6,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scheduler", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "en-fr", help="a model folder")
+    parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en")
+    parser.add_argument("--clients", default="32")
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--sentences", type=int, default=1000)
+    args = parser.parse_args(argv)
+    settings = Settings()
+    folder = load_model_folder(args.model, verify_checksums=False)
+    ids = folder.manifest.special_ids
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    tokenizer = Tokenizer.from_folder(folder)
+    texts = [t for t in (args.corpus / "test.en").read_text(encoding="utf-8").splitlines() if t.strip()]
+    target = folder.manifest.target_languages[0]
+    sources = [tokenizer.encode(t, target) for t in texts[: args.sentences]]
+    runtime = open_runtime(folder, settings)
+    streams = decoder_streams(folder.manifest.config, settings)
+    scheduler = new_scheduler(runtime, rules, batch_limits(settings), Metrics(), folder.manifest.name, streams)
+    scheduler.warm_up(sources[0])
+    scheduler.start()
+    print(f"{folder.manifest.name}, {settings.variant or folder.manifest.default_variant}, {settings.batching}, "
+          f"{streams} stream(s), providers {runtime.providers[0]}")
+    print("| clients | sentences/s | target tok/s | CPU µs per target token |\n|---:|---:|---:|---:|")
+    try:
+        for clients in (int(c) for c in args.clients.split(",")):
+            row = measure(scheduler, sources, clients, args.seconds)
+            print(f"| {clients} | {row['sentences_per_s']:,.1f} | {row['tokens_per_s']:,.0f} | "
+                  f"{row['cpu_us_per_token']:,.1f} |", flush=True)
+    finally:
+        scheduler.stop(5.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
