@@ -21,7 +21,7 @@ from service.decoding import SearchOptions
 from service.engine import TokenRules
 from service.metrics import Metrics
 from service.model_folder import load_model_folder
-from service.scheduler import SentenceJob, Ticket, new_scheduler
+from service.scheduler import Scheduler, SentenceJob, Streams, Ticket, new_scheduler
 from service.settings import Settings
 from service.tokenizer import Tokenizer
 from service.translator import batch_limits, decoder_streams, open_runtime
@@ -33,7 +33,7 @@ class ClosedLoop:
     """`clients` sentences in flight at all times: each delivery submits the next sentence (from the worker
     thread that delivered it); counts sentences and target tokens."""
 
-    def __init__(self, scheduler: object, sources: list[list[int]], clients: int) -> None:
+    def __init__(self, scheduler: Scheduler | Streams, sources: list[list[int]], clients: int) -> None:
         self.scheduler, self.sources, self.clients = scheduler, sources, clients
         self.sentences = self.tokens = 0
         self._next = itertools.count()
@@ -55,7 +55,7 @@ class ClosedLoop:
         ids = self.sources[next(self._next) % len(self.sources)]
         ticket = Ticket(1, time.monotonic() + 600, self._done)
         options = SearchOptions(max_new_tokens=min(256, 2 * len(ids) + 10))  # the server's default cap
-        self.scheduler.submit([SentenceJob(ids, options, ticket, 0)])  # type: ignore[attr-defined]
+        self.scheduler.submit([SentenceJob(ids, options, ticket, 0)])
 
     def _done(self, ticket: Ticket) -> None:
         if ticket.error is not None:
@@ -67,7 +67,9 @@ class ClosedLoop:
             self._submit()
 
 
-def measure(scheduler: object, sources: list[list[int]], clients: int, seconds: float) -> dict[str, float]:
+def measure(
+    scheduler: Scheduler | Streams, sources: list[list[int]], clients: int, seconds: float
+) -> dict[str, float]:
     loop = ClosedLoop(scheduler, sources, clients)
     loop.start()
     time.sleep(min(2.0, seconds / 4))  # warm-up at this concurrency
@@ -75,7 +77,7 @@ def measure(scheduler: object, sources: list[list[int]], clients: int, seconds: 
     time.sleep(seconds)
     (sentences2, tokens2), cpu2, elapsed = loop.counts(), time.process_time(), time.perf_counter() - started
     loop.stop()
-    while not scheduler.idle:  # type: ignore[attr-defined]
+    while not scheduler.idle:
         time.sleep(0.01)
     generated = tokens2 - tokens
     return {
