@@ -18,24 +18,26 @@ import time
 from pathlib import Path
 
 from service.decoding import SearchOptions
-from service.engine import TokenRules
+from service.engine_process import EngineProcess
 from service.metrics import Metrics
 from service.model_folder import load_model_folder
-from service.scheduler import Scheduler, SentenceJob, Streams, Ticket, new_scheduler
+from service.scheduler import Scheduler, SentenceJob, Streams, Ticket
 from service.settings import Settings
-from service.tokenizer import Tokenizer
-from service.translator import batch_limits, decoder_streams, open_runtime
+from service.translator import TranslateOptions, Translator, decoder_streams, open_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 class ClosedLoop:
     """`clients` sentences in flight at all times: each delivery submits the next sentence (from the worker
-    thread that delivered it); counts sentences and target tokens."""
+    thread that delivered it); counts sentences and target tokens. A failed sentence stops the loop."""
 
-    def __init__(self, scheduler: Scheduler | Streams, sources: list[list[int]], clients: int) -> None:
-        self.scheduler, self.sources, self.clients = scheduler, sources, clients
+    def __init__(
+        self, scheduler: Scheduler | Streams, sentences: list[tuple[list[int], SearchOptions]], clients: int
+    ) -> None:
+        self.scheduler, self.sentences_in, self.clients = scheduler, sentences, clients
         self.sentences = self.tokens = 0
+        self.error: Exception | None = None
         self._next = itertools.count()
         self._lock = threading.Lock()
         self._running = True
@@ -52,14 +54,14 @@ class ClosedLoop:
             return self.sentences, self.tokens
 
     def _submit(self) -> None:
-        ids = self.sources[next(self._next) % len(self.sources)]
+        ids, options = self.sentences_in[next(self._next) % len(self.sentences_in)]
         ticket = Ticket(1, time.monotonic() + 600, self._done)
-        options = SearchOptions(max_new_tokens=min(256, 2 * len(ids) + 10))  # the server's default cap
         self.scheduler.submit([SentenceJob(ids, options, ticket, 0)])
 
     def _done(self, ticket: Ticket) -> None:
-        if ticket.error is not None:
-            raise SystemExit(f"a sentence failed: {ticket.error}")
+        if ticket.error is not None:  # on the worker thread: noted, and measure() reports it
+            self.error, self._running = ticket.error, False
+            return
         with self._lock:
             self.sentences += 1
             self.tokens += len(ticket.results[0][0].tokens)  # type: ignore[index]
@@ -68,9 +70,9 @@ class ClosedLoop:
 
 
 def measure(
-    scheduler: Scheduler | Streams, sources: list[list[int]], clients: int, seconds: float
+    scheduler: Scheduler | Streams, sentences: list[tuple[list[int], SearchOptions]], clients: int, seconds: float
 ) -> dict[str, float]:
-    loop = ClosedLoop(scheduler, sources, clients)
+    loop = ClosedLoop(scheduler, sentences, clients)
     loop.start()
     time.sleep(min(2.0, seconds / 4))  # warm-up at this concurrency
     (sentences, tokens), cpu, started = loop.counts(), time.process_time(), time.perf_counter()
@@ -79,6 +81,8 @@ def measure(
     loop.stop()
     while not scheduler.idle:
         time.sleep(0.01)
+    if loop.error is not None:
+        raise SystemExit(f"a sentence failed: {loop.error}")
     generated = tokens2 - tokens
     return {
         "clients": clients,
@@ -98,23 +102,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings()
     folder = load_model_folder(args.model, verify_checksums=False)
-    ids = folder.manifest.special_ids
-    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
-    tokenizer = Tokenizer.from_folder(folder)
-    texts = [t for t in (args.corpus / "test.en").read_text(encoding="utf-8").splitlines() if t.strip()]
-    target = folder.manifest.target_languages[0]
-    sources = [tokenizer.encode(t, target) for t in texts[: args.sentences]]
     runtime = open_runtime(folder, settings)
-    streams = decoder_streams(folder.manifest.config, settings)
-    scheduler = new_scheduler(runtime, rules, batch_limits(settings), Metrics(), folder.manifest.name, streams)
-    scheduler.warm_up(sources[0])
+    translator = Translator(folder, settings, Metrics(), runtime)  # the server's scheduler, in this process
+    scheduler = translator.scheduler
+    assert not isinstance(scheduler, EngineProcess)  # a runtime was given
+    options, target = TranslateOptions(beam_size=settings.default_beam_size), translator.target_languages[0]
+    texts = [t for t in (args.corpus / "test.en").read_text(encoding="utf-8").splitlines() if t.strip()]
+    encoded = [translator.tokenizer.encode(t, target) for t in texts[: args.sentences]]  # a line, a sentence
+    sentences = [(ids, translator.search_options(len(ids), options)) for ids in encoded]  # the server's caps
+    translator.warm_up()
     scheduler.start()
     print(f"{folder.manifest.name}, {settings.variant or folder.manifest.default_variant}, {settings.batching}, "
-          f"{streams} stream(s), providers {runtime.providers[0]}")
+          f"{decoder_streams(folder.manifest.config, settings)} stream(s), providers {runtime.providers[0]}")
     print("| clients | sentences/s | target tok/s | CPU µs per target token |\n|---:|---:|---:|---:|")
     try:
         for clients in (int(c) for c in args.clients.split(",")):
-            row = measure(scheduler, sources, clients, args.seconds)
+            row = measure(scheduler, sentences, clients, args.seconds)
             print(f"| {clients} | {row['sentences_per_s']:,.1f} | {row['tokens_per_s']:,.0f} | "
                   f"{row['cpu_us_per_token']:,.1f} |", flush=True)
     finally:

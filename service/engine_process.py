@@ -314,7 +314,8 @@ class _Outbox:
         self._thread.start()
 
     def send(self, message: tuple[Any, ...] | None) -> None:
-        """Queue the metric updates recorded so far, then `message` (None: only the updates)."""
+        """Queue `message` (None: only the metric updates); the sending thread sends the updates recorded by then
+        ahead of it."""
         self._queue.put(message)
 
     def close(self) -> None:
@@ -344,7 +345,7 @@ def serve(
     recorder = MetricsRecorder()
     outbox = _Outbox(conn, recorder)
     try:
-        _serve(folder, settings, rules, limits, model, conn, recorder, outbox)
+        _serve(folder, settings, rules, limits, model, conn, outbox)
     finally:
         outbox.close()  # what is queued leaves before the process does
 
@@ -356,7 +357,6 @@ def _serve(
     limits: BatchLimits,
     model: str,
     conn: Connection,
-    recorder: MetricsRecorder,
     outbox: _Outbox,
 ) -> None:
     """`serve`, its outbox open."""
@@ -366,7 +366,7 @@ def _serve(
         loaded = load_model_folder(folder, verify_checksums=False)  # the server checked the files
         runtime = open_runtime(loaded, settings)
         streams = decoder_streams(loaded.manifest.config, settings)
-        scheduler = new_scheduler(runtime, rules, limits, recorder, model, streams)  # type: ignore[arg-type]
+        scheduler = new_scheduler(runtime, rules, limits, outbox.recorder, model, streams)  # type: ignore[arg-type]
         scheduler.start()
     except Exception as error:  # noqa: BLE001 - reported to the server, which stops with the message
         outbox.send(("failed", f"{folder}: {error}"))

@@ -106,13 +106,14 @@ class Translator:
         sentences = [s for doc in documents for s in doc.sentences]
         self._check_sentences(len(sentences))  # cutting long sentences made more
         jobs = [self.tokenizer.encode(s, target) for s in sentences]
-        return Prepared(documents, jobs, [self._search_options(len(ids), options) for ids in jobs])
+        return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs])
 
     def _check_sentences(self, count: int) -> None:
         if count > self.settings.max_request_sentences:
             raise TooLarge(f"the request has {count} sentences; the limit is {self.settings.max_request_sentences}")
 
-    def _search_options(self, src_len: int, options: TranslateOptions) -> SearchOptions:
+    def search_options(self, src_len: int, options: TranslateOptions) -> SearchOptions:
+        """A sentence of `src_len` tokens: its search, capped as the settings say; errors for what cannot run."""
         cap = min(options.max_length or self.settings.max_output_tokens, self.settings.max_output_tokens)
         relative = int(self.settings.max_output_ratio * src_len) + 10
         beam = max(options.beam_size, options.alternatives + 1)
