@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing as mp
+import os
 import queue
 import signal
 import threading
@@ -104,6 +105,9 @@ class EngineProcess:
         try:
             loop = asyncio.get_running_loop()
             loop.add_reader(self._conn.fileno(), self._read_ready)
+            # uvloop (libuv's uv_poll_init) leaves the descriptor non-blocking, where asyncio's loop does not
+            # (uvloop issue 712): a message read or sent in parts would then fail with BlockingIOError
+            os.set_blocking(self._conn.fileno(), True)
             self._loop = loop
         except (RuntimeError, NotImplementedError):  # no running loop, or one without add_reader (Windows)
             self._reader = threading.Thread(target=self._read_all, name=f"engine-reader-{self.model}", daemon=True)

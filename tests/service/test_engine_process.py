@@ -5,6 +5,7 @@ real server then drains and exits 1; the server stops it on the way out."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvloop
 from fastapi.testclient import TestClient
 
 from bench.overload import children
@@ -95,6 +97,26 @@ def test_a_cancelled_request_leaves_the_engine(model_dir: Path) -> None:
         assert ticket_count(scheduler) == 0
     finally:
         scheduler.stop(1.0)
+
+
+def test_under_uvloop_the_pipe_stays_blocking_and_answers_arrive(model_dir: Path) -> None:
+    """The server runs on uvloop, whose add_reader leaves the descriptor non-blocking (asyncio's does not): a
+    message then read or sent in parts fails with BlockingIOError, which the reader took for the engine's death."""
+    [translator] = load_translators(settings_for(model_dir), Metrics())
+    scheduler = translator.scheduler
+    assert isinstance(scheduler, EngineProcess)
+
+    async def translate() -> list[str]:
+        scheduler.start()  # on the running (uvloop) loop
+        try:
+            assert os.get_blocking(scheduler._conn.fileno())
+            texts = [f"Open the file number {i} and close the window. " * 3 for i in range(32)]
+            return (await translator.translate(texts, "fr", TranslateOptions())).texts
+        finally:  # while the loop still runs: it reads the engine's last messages
+            await asyncio.to_thread(scheduler.stop, 1.0)
+
+    texts = uvloop.run(translate())
+    assert len(texts) == 32 and all(texts)
 
 
 def metric_value(translator: Translator, name: str) -> float:
