@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,8 +151,13 @@ class Translator:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Ticket] = loop.create_future()
 
-        def on_done(ticket: Ticket) -> None:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(ticket))
+        loop_thread = threading.get_ident()
+
+        def on_done(ticket: Ticket) -> None:  # on the loop (an engine process's reader) or a scheduler's thread
+            if threading.get_ident() == loop_thread:
+                done.done() or done.set_result(ticket)
+            else:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(ticket))
 
         timeout = min(options.timeout or self.settings.request_timeout_seconds, self.settings.request_timeout_seconds)
         ticket = Ticket(len(prepared.jobs), started + timeout, on_done)

@@ -119,6 +119,30 @@ def test_under_uvloop_the_pipe_stays_blocking_and_answers_arrive(model_dir: Path
     assert len(texts) == 32 and all(texts)
 
 
+def test_requests_submitted_in_one_turn_of_the_loop_leave_in_one_write(model_dir: Path) -> None:
+    [translator] = load_translators(settings_for(model_dir), Metrics())
+    scheduler = translator.scheduler
+    assert isinstance(scheduler, EngineProcess)
+    writes: list[list[tuple]] = []
+    texts = ["Open the file.", "Close the window.", "The cat sleeps."]
+
+    async def translate() -> tuple[list[str], list[str]]:
+        scheduler.start()
+        send = scheduler._conn.send
+        scheduler._conn.send = lambda messages: (writes.append(messages), send(messages))[1]  # type: ignore[method-assign]
+        try:
+            together = await asyncio.gather(*(translator.translate([t], "fr", TranslateOptions()) for t in texts))
+            alone = [(await translator.translate([t], "fr", TranslateOptions())).texts[0] for t in texts]
+            return [t.texts[0] for t in together], alone
+        finally:
+            await asyncio.to_thread(scheduler.stop, 1.0)
+
+    together, alone = asyncio.run(translate())
+    assert together == alone
+    assert [[m[0] for m in messages] for messages in writes[:4]] == [["submit"] * 3, ["submit"], ["submit"], ["submit"]]
+    assert [m[3][0][0] for m in writes[0]] == [translator.prepare([t], "fr", TranslateOptions()).jobs[0] for t in texts]
+
+
 def metric_value(translator: Translator, name: str) -> float:
     return getattr(translator.metrics, name).labels(translator.name)._value.get()
 
