@@ -65,6 +65,12 @@ class EngineProcess:
         self._next_key = itertools.count()
         self._lock = threading.Lock()  # the two dicts, and sends
         self._closing = self._stopping = False
+        self._ended = threading.Event()  # the engine said it stopped, or its pipe closed
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._outgoing: list[tuple[Any, ...]] = []  # messages posted on the loop, written at the end of its turn
+        self._reader: threading.Thread | None = None
+        self.on_exit: Callable[[], None] | None = None  # called once if the engine dies (not when stopped)
         context = mp.get_context("spawn")  # a fresh interpreter: forking a process with ONNX Runtime threads is unsafe
         self._conn, child = context.Pipe()
         self._process = context.Process(
@@ -72,13 +78,7 @@ class EngineProcess:
         )
         self._process.start()
         child.close()
-        self.providers = self._await_ready()
-        self._ended = threading.Event()  # the engine said it stopped, or its pipe closed
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        self._outgoing: list[tuple[Any, ...]] = []  # messages posted on the loop, written at the end of its turn
-        self._reader: threading.Thread | None = None
-        self.on_exit: Callable[[], None] | None = None  # called once if the engine dies (not when stopped)
+        self.providers = self._await_ready()  # the messages that came with "ready" are handled: set up all first
 
     def _await_ready(self) -> list[str]:
         try:
