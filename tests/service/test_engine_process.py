@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from bench.overload import children
 from service.api import create_app
-from service.engine_process import EngineProcess, rebuilt_error
+from service.engine_process import EngineProcess, MetricsRecorder, _Outbox, rebuilt_error
 from service.errors import DeadlineExceeded, InferenceError, ModelFolderError, Overloaded
 from service.metrics import Metrics
 from service.scheduler import SentenceJob, Ticket
@@ -141,6 +141,37 @@ def test_requests_submitted_in_one_turn_of_the_loop_leave_in_one_write(model_dir
     assert together == alone
     assert [[m[0] for m in messages] for messages in writes[:4]] == [["submit"] * 3, ["submit"], ["submit"], ["submit"]]
     assert [m[3][0][0] for m in writes[0]] == [translator.prepare([t], "fr", TranslateOptions()).jobs[0] for t in texts]
+
+
+def test_the_outbox_writes_what_it_has_queued_at_once_metric_updates_first() -> None:
+    class Pipe:  # the first write blocks until released, while more is queued behind it
+        def __init__(self) -> None:
+            self.writes: list[list[tuple]] = []
+            self.entered, self.release = threading.Event(), threading.Event()
+
+        def send(self, messages: list[tuple]) -> None:
+            self.entered.set()
+            self.release.wait(10)
+            self.writes.append(messages)
+
+    pipe, recorder = Pipe(), MetricsRecorder()
+    outbox = _Outbox(pipe, recorder)  # type: ignore[arg-type]
+    outbox.send(("done", 1, [], 0.0))
+    assert pipe.entered.wait(10)
+    recorder.sentences.labels("m").inc()  # recorded before the next results were queued
+    outbox.send(("done", 2, [], 0.0))
+    outbox.send(None)  # metric updates only
+    outbox.send(("error", 3, "InferenceError", "boom", None))
+    pipe.release.set()
+    outbox.close()
+    assert pipe.writes == [
+        [("done", 1, [], 0.0)],
+        [
+            ("metrics", [("sentences", ("m",), "inc", 1.0)]),
+            ("done", 2, [], 0.0),
+            ("error", 3, "InferenceError", "boom", None),
+        ],
+    ]
 
 
 def metric_value(translator: Translator, name: str) -> float:
