@@ -125,7 +125,7 @@ def test_sigterm_drains_then_exits_0(model_dir: Path) -> None:
     try:
         wait_ready(url, process)
         slow: dict[str, httpx.Response] = {}
-        body = {"q": [SENTENCES] * 6, "source": "en", "target": "fr", "beam_size": 8}
+        body = {"q": [SENTENCES] * 24, "source": "en", "target": "fr", "beam_size": 8}
         worker = threading.Thread(target=lambda: slow.update(r=httpx.post(f"{url}/translate", json=body, timeout=120)))
         worker.start()
         wait_for(lambda: metric(httpx.get(f"{url}/metrics").text, "mt_requests_in_flight") == 1, 30, "not in flight")
@@ -139,7 +139,7 @@ def test_sigterm_drains_then_exits_0(model_dir: Path) -> None:
         assert 'mt_rejected_requests_total{reason="shutting_down"} 1.0' in httpx.get(f"{url}/metrics").text
         worker.join(timeout=120)
         assert slow["r"].status_code == 200, slow["r"].text
-        assert len(slow["r"].json()["translatedText"]) == 6
+        assert len(slow["r"].json()["translatedText"]) == 24
         assert process.wait(timeout=60) == 0
     finally:
         if process.poll() is None:
