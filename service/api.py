@@ -322,7 +322,8 @@ def create_app(
         state.ready = not state.draining
         metrics.ready.set(int(state.ready))
         sampler = asyncio.ensure_future(sample_throughput(state))
-        log.info("ready: %s", ", ".join(t.name for t in loaded))
+        loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop, or asyncio where it is missing
+        log.info("ready: %s (event loop: %s)", ", ".join(t.name for t in loaded), loop)
         yield
         sampler.cancel()
         state.ready = False
