@@ -159,7 +159,6 @@ def serve_mode(
             row = {"variant": variant, "mode": mode, **engine, **measure(port, texts, clients, args.seconds)}
             row["of_1x32"] = row["tokens_per_s"] / engine["engine_1x32"]
             row["of_2x16"] = row["tokens_per_s"] / engine["engine_2x16"]
-            row["of_engine"] = row["tokens_per_s"] / max(engine["engine_1x32"], engine["engine_2x16"])  # the better
             rows.append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     finally:

@@ -154,10 +154,14 @@ class Translator:
         loop_thread = threading.get_ident()
 
         def on_done(ticket: Ticket) -> None:  # on the loop (an engine process's reader) or a scheduler's thread
+            def settle() -> None:
+                if not done.done():
+                    done.set_result(ticket)
+
             if threading.get_ident() == loop_thread:
-                done.done() or done.set_result(ticket)
+                settle()
             else:
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(ticket))
+                loop.call_soon_threadsafe(settle)
 
         timeout = min(options.timeout or self.settings.request_timeout_seconds, self.settings.request_timeout_seconds)
         ticket = Ticket(len(prepared.jobs), started + timeout, on_done)
