@@ -42,6 +42,7 @@ MODES = {  # server settings per mode
         "MT_DECODER_STREAMS": "1",
         "MT_INTRA_OP_THREADS": str(len(os.sched_getaffinity(0))),
     },
+    "continuous-unpinned": {"MT_BATCHING": "continuous", "MT_PIN_CORES": "false"},  # the kernel places all threads
     "continuous-1-stream": {"MT_BATCHING": "continuous", "MT_DECODER_STREAMS": "1"},
     "continuous-2-streams": {"MT_BATCHING": "continuous", "MT_DECODER_STREAMS": "2"},  # two batches, cores split
     "one-process": {"MT_BATCHING": "continuous", "MT_ENGINE_PROCESS": "false"},  # the engine as threads

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level)
     metrics = Metrics()
     try:  # load and check every model folder before listening: a broken folder stops the start here
-        translators = load_translators(settings, metrics)
+        translators = load_translators(settings, metrics, pin=True)
     except ServiceError as error:  # a broken model folder, or an engine process that could not start
         logging.getLogger("service").error("cannot start: %s", error)
         return 1

@@ -616,6 +616,7 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         "providers": translator.scheduler.providers,
         "decoder_streams": decoder_streams(manifest.config, settings),  # each with its own batch, cache and threads
         "intra_op_threads": intra_op_threads(manifest.config, settings),  # per stream
+        "stream_cores": list(translator.cores.streams) if translator.cores else None,  # pinned (MT_PIN_CORES)
         "config": manifest.config.model_dump(),
         "provenance": manifest.provenance,
     }

@@ -44,6 +44,7 @@ from service.engine import TokenRules
 from service.errors import InferenceError, ModelFolderError, Overloaded, ServiceError
 from service.metrics import Metrics
 from service.model_folder import load_model_folder
+from service.placement import Cores, pin_process
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
 from service.settings import Settings
 
@@ -56,7 +57,14 @@ class EngineProcess:
     """The server's handle on one model's engine process."""
 
     def __init__(
-        self, folder: Path, settings: Settings, rules: TokenRules, limits: BatchLimits, metrics: Metrics, model: str
+        self,
+        folder: Path,
+        settings: Settings,
+        rules: TokenRules,
+        limits: BatchLimits,
+        metrics: Metrics,
+        model: str,
+        cores: Cores | None = None,
     ) -> None:
         self.limits, self.metrics, self.model = limits, metrics, model
         self.queued = 0  # sentences waiting in the engine, as its last metric update said
@@ -74,7 +82,10 @@ class EngineProcess:
         context = mp.get_context("spawn")  # a fresh interpreter: forking a process with ONNX Runtime threads is unsafe
         self._conn, child = context.Pipe()
         self._process = context.Process(
-            target=serve, args=(folder, settings, rules, limits, model, child), name=f"engine-{model}", daemon=True
+            target=serve,
+            args=(folder, settings, rules, limits, model, child, cores),
+            name=f"engine-{model}",
+            daemon=True,
         )
         self._process.start()
         child.close()
@@ -384,15 +395,23 @@ _CLOSED = object()
 
 
 def serve(
-    folder: Path, settings: Settings, rules: TokenRules, limits: BatchLimits, model: str, conn: Connection
+    folder: Path,
+    settings: Settings,
+    rules: TokenRules,
+    limits: BatchLimits,
+    model: str,
+    conn: Connection,
+    cores: Cores | None = None,
 ) -> None:
     """The engine process's main: load, warm, report ready, then take messages until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server drains it
+    if cores is not None:  # every thread but the streams' (which pin themselves) on the other threads' cores
+        pin_process(cores.others)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     recorder = MetricsRecorder()
     outbox = _Outbox(conn, recorder)
     try:
-        _serve(folder, settings, rules, limits, model, conn, outbox)
+        _serve(folder, settings, rules, limits, model, conn, outbox, cores)
     finally:
         outbox.close()  # what is queued leaves before the process does
 
@@ -405,6 +424,7 @@ def _serve(
     model: str,
     conn: Connection,
     outbox: _Outbox,
+    cores: Cores | None,
 ) -> None:
     """`serve`, its outbox open."""
     from service.translator import decoder_streams, open_runtime  # the server process never opens sessions here
@@ -413,7 +433,8 @@ def _serve(
         loaded = load_model_folder(folder, verify_checksums=False)  # the server checked the files
         runtime = open_runtime(loaded, settings)
         streams = decoder_streams(loaded.manifest.config, settings)
-        scheduler = new_scheduler(runtime, rules, limits, outbox.recorder, model, streams)  # type: ignore[arg-type]
+        recorder = outbox.recorder
+        scheduler = new_scheduler(runtime, rules, limits, recorder, model, streams, cores=cores)  # type: ignore[arg-type]
         scheduler.start()
     except Exception as error:  # noqa: BLE001 - reported to the server, which stops with the message
         outbox.send(("failed", f"{folder}: {error}"))

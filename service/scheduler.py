@@ -34,6 +34,7 @@ from service.decoding import Hypothesis, Search, SearchOptions, new_search
 from service.engine import TokenRules, advance_all, decode_batch, last_tokens, pad_batch
 from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
 from service.metrics import Metrics
+from service.placement import Cores, pin_thread
 from service.runtime import Memory, Runtime
 
 log = logging.getLogger(__name__)
@@ -162,16 +163,19 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         shared: Waiting | None = None,
         stream: int = 0,
+        cores: Cores | None = None,
     ) -> None:
         self.runtime, self.rules, self.limits, self.metrics, self.model = runtime, rules, limits, metrics, model
         self.clock = clock
         self.shared = shared or Waiting()  # the queue, its lock, and the streams' loads
-        self.stream = stream
+        self.stream, self.cores = stream, cores  # cores: this stream's own, and its encoder thread's (placement)
         self.shared.rows[stream] = 0
         self.encoding: list[Encoding] = []  # admitted: their encoder passes, in flight or done
         self.active: list[Running] = []
         overlap = limits.overlap_encoder and not limits.static
-        self._encoder = ThreadPoolExecutor(1, thread_name_prefix=f"encoder-{model}") if overlap else None
+        # its thread is started by the worker thread, pinned to the stream's core: it goes back to the others'
+        pinned = {"initializer": pin_thread, "initargs": (cores.others,)} if cores else {}
+        self._encoder = ThreadPoolExecutor(1, thread_name_prefix=f"encoder-{model}", **pinned) if overlap else None
         self.cache = runtime.new_cache()
         self._lock = self.shared.lock
         self._thread: threading.Thread | None = None
@@ -258,6 +262,8 @@ class Scheduler:
             job.ticket.fail(Overloaded("the server stopped before this request finished", "shutting_down"))
 
     def _loop(self) -> None:
+        if self.cores is not None:
+            pin_thread(self.cores.stream(self.stream))
         while True:
             with self._lock:
                 if self._stopped:
@@ -516,9 +522,11 @@ def new_scheduler(
     model: str,
     streams: int = 1,
     clock: Callable[[], float] = time.monotonic,
+    cores: Cores | None = None,
 ) -> Scheduler | Streams:
-    """One Scheduler, or `streams` of them sharing a queue."""
+    """One Scheduler, or `streams` of them sharing a queue; `cores`: where each runs (service/placement.py)."""
     if streams == 1:
-        return Scheduler(runtime, rules, limits, metrics, model, clock)
+        return Scheduler(runtime, rules, limits, metrics, model, clock, cores=cores)
     shared = Waiting()
-    return Streams([Scheduler(runtime, rules, limits, metrics, model, clock, shared, i) for i in range(streams)])
+    members = [Scheduler(runtime, rules, limits, metrics, model, clock, shared, i, cores) for i in range(streams)]
+    return Streams(members)

@@ -87,6 +87,12 @@ class Settings(BaseSettings):
         "between them (CTranslate2's inter_threads). 0: per model, 2 for a decoder of at least 16 M multiply-adds "
         "per token on 2 or more cores (CPU), else 1",
     )
+    pin_cores: bool = Field(
+        True,
+        description="python -m service on Linux: when every decoding stream runs one thread and the streams leave "
+        "a core free, pin each stream to a core of its own and every other thread (HTTP, encoder passes) to the "
+        "cores left; otherwise, or false, the kernel places every thread (CPU only)",
+    )
     engine_process: bool = Field(
         True,
         description="run each model's scheduler and ONNX Runtime sessions in a process of their own, so that the "

@@ -21,6 +21,7 @@ from service.engine_process import EngineProcess
 from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, TooLarge
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, Architecture, ModelFolder, load_model_folder
+from service.placement import Cores, allowed_cores, pin_process, plan
 from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
 from service.settings import Settings, available_cores
@@ -73,7 +74,12 @@ class Translator:
     model's scheduler and sessions run in an engine process of their own (see service/engine_process.py)."""
 
     def __init__(
-        self, folder: ModelFolder, settings: Settings, metrics: Metrics, runtime: Runtime | None = None
+        self,
+        folder: ModelFolder,
+        settings: Settings,
+        metrics: Metrics,
+        runtime: Runtime | None = None,
+        cores: Cores | None = None,
     ) -> None:
         manifest = folder.manifest
         self.folder, self.runtime, self.settings, self.metrics = folder, runtime, settings, metrics
@@ -86,12 +92,13 @@ class Translator:
         _, candidates = step_candidates(folder, folder.variant(settings.variant))  # per row
         self.max_beam = (candidates - 1) // 2  # beam k takes 2k candidates, + 1 for an EOS not allowed yet
         limits = batch_limits(settings)
+        self.cores = cores  # where its decoding streams run, if pinned (service/placement.py)
         self.scheduler: Scheduler | Streams | EngineProcess
         if runtime is not None:
             streams = decoder_streams(manifest.config, settings)
-            self.scheduler = new_scheduler(runtime, self.rules, limits, metrics, self.name, streams)
+            self.scheduler = new_scheduler(runtime, self.rules, limits, metrics, self.name, streams, cores=cores)
         else:
-            self.scheduler = EngineProcess(folder.path, settings, self.rules, limits, metrics, self.name)
+            self.scheduler = EngineProcess(folder.path, settings, self.rules, limits, metrics, self.name, cores)
 
     def warm_up(self) -> None:
         """One real translation through both graphs before the server says it is ready."""
@@ -324,12 +331,16 @@ def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:
     return OnnxRuntime(folder, settings.variant, session)
 
 
-def load_translators(settings: Settings, metrics: Metrics) -> list[Translator]:
+def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) -> list[Translator]:
+    """Every model folder's Translator (with its engine process, unless MT_ENGINE_PROCESS is false). `pin`: this
+    process is the server's own (`python -m service`), whose threads may be pinned (service/placement.py)."""
     translators = []
-    for path in model_folders(settings):
-        folder = load_model_folder(path, settings.verify_checksums)
+    folders = [load_model_folder(path, settings.verify_checksums) for path in model_folders(settings)]
+    placed = place(folders, settings) if pin else None
+    for index, folder in enumerate(folders):
+        path = folder.path
         runtime = None if settings.engine_process else open_runtime(folder, settings)
-        translator = Translator(folder, settings, metrics, runtime)
+        translator = Translator(folder, settings, metrics, runtime, placed[index] if placed else None)
         variant = settings.variant or folder.manifest.default_variant
         provider = translator.scheduler.providers[0]
         metrics.model_info.labels(translator.name, translator.version, variant, provider).set(1)
@@ -337,9 +348,31 @@ def load_translators(settings: Settings, metrics: Metrics) -> list[Translator]:
         name, version = translator.name, translator.version
         cfg = folder.manifest.config
         streams, threads = decoder_streams(cfg, settings), intra_op_threads(cfg, settings)
+        cores = f" on core(s) {list(translator.cores.streams)}" if translator.cores else ""
         log.info(
-            "loaded model %s %s (%s, %s) in %s from %s: %d decoding stream(s) of %d thread(s)",
-            *(name, version, variant, provider, where, path, streams, threads),
+            "loaded model %s %s (%s, %s) in %s from %s: %d decoding stream(s) of %d thread(s)%s",
+            *(name, version, variant, provider, where, path, streams, threads, cores),
         )
         translators.append(translator)
     return translators
+
+
+def place(folders: list[ModelFolder], settings: Settings) -> list[Cores] | None:
+    """MT_PIN_CORES: a core for each model's decoding streams, if service/placement.py's plan has one, this
+    process's threads (and so its engine processes) pinned to the cores left; None where nothing is pinned."""
+    if not settings.pin_cores or "cuda" in settings.providers:
+        return None
+    layouts = [
+        (decoder_streams(f.manifest.config, settings), intra_op_threads(f.manifest.config, settings)) for f in folders
+    ]
+    placed = plan(layouts, allowed_cores(), available_cores())
+    if placed is None:
+        log.info("threads not pinned: %s decoding stream(s) and threads on %d core(s)", layouts, available_cores())
+        return None
+    pin_process(placed[0].others)
+    log.info(
+        "decoding streams pinned to core(s) %s; every other thread to %s",
+        [list(c.streams) for c in placed],
+        sorted(placed[0].others),
+    )
+    return placed

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.settings import available_cores
 from tests.service.test_api import solo
 
 SENTENCES = [
@@ -166,3 +167,44 @@ def test_a_broken_model_folder_stops_the_start(model_dir: Path, tmp_path: Path) 
     assert process.returncode == 1
     assert "cannot start:" in output and "decoder_step.onnx: checksum mismatch" in output
     assert "Traceback" not in output
+
+
+def thread_cores(pid: int) -> list[frozenset[int]]:
+    """The cores each thread of process `pid` may run on."""
+    return [frozenset(os.sched_getaffinity(int(task.name))) for task in Path(f"/proc/{pid}/task").iterdir()]
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="pinning needs 2 cores (affinity and CPU quota)")
+@pytest.mark.parametrize("pin", ["true", "false"])
+def test_the_real_server_gives_its_decoding_stream_a_core_of_its_own(model_dir: Path, pin: str) -> None:
+    allowed = frozenset(os.sched_getaffinity(0))
+    stream_core, others = max(allowed), allowed - {max(allowed)}
+    port = free_port()
+    process = start_server(model_dir, port, MT_PIN_CORES=pin)  # one stream of one thread (MT_INTRA_OP_THREADS=1)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process)
+        assert (
+            httpx.post(f"{url}/translate", json={"q": SENTENCES[0], "source": "en", "target": "fr"}).status_code == 200
+        )
+        card = httpx.get(f"{url}/v1/models").json()["models"][0]
+        engines = [pid for pid in children(process.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        server_threads = thread_cores(process.pid)
+        engine_threads = [cores for pid in engines for cores in thread_cores(pid)]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    assert engine_threads, "no engine process found"
+    if pin == "true":
+        assert card["stream_cores"] == [stream_core]
+        assert set(server_threads) == {others}  # HTTP, its thread pools and libuv's
+        # the scheduler's thread alone on its core; the engine's main thread, outbox and encoder thread on the rest
+        assert engine_threads.count(frozenset({stream_core})) == 1
+        assert set(engine_threads) == {frozenset({stream_core}), others}
+    else:
+        assert card["stream_cores"] is None
+        assert set(server_threads) == set(engine_threads) == {allowed}

@@ -1,0 +1,107 @@
+"""MT_PIN_CORES: the plan (which layouts get cores of their own), and threads really running where it says: a
+stream's worker thread on its core, its encoder thread and everything else on the cores left."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from service.decoding import SearchOptions
+from service.engine import TokenRules
+from service.metrics import Metrics
+from service.placement import Cores, allowed_cores, plan
+from service.runtime import Memory
+from service.scheduler import BatchLimits, SentenceJob, Streams, Ticket, new_scheduler
+from tests.fakes import EOS, PAD, START, FakeRuntime
+
+TWO = frozenset({0, 1})
+
+
+def test_one_single_threaded_stream_on_two_cores_gets_the_last_core() -> None:
+    assert plan([(1, 1)], TWO, 2) == [Cores((1,), frozenset({0}))]
+
+
+def test_streams_of_several_models_get_a_core_each_and_share_the_rest() -> None:
+    cores = frozenset({2, 3, 5, 7, 8})  # a cpuset: not 0..n-1
+    assert plan([(2, 1), (1, 1)], cores, 5) == [Cores((5, 7), frozenset({2, 3})), Cores((8,), frozenset({2, 3}))]
+
+
+@pytest.mark.parametrize(
+    ("layouts", "allowed", "usable", "why"),
+    [
+        ([(2, 1)], TWO, 2, "as many streams as cores: nothing left for HTTP and the encoder"),
+        ([(1, 2)], frozenset(range(4)), 4, "a stream of two intra-op threads: ONNX Runtime places its pool"),
+        ([(1, 1), (1, 2)], frozenset(range(8)), 8, "one multi-threaded stream among single-threaded ones"),
+        ([(1, 1)], frozenset(range(16)), 1, "a CPU quota of one core, on a 16-core machine"),
+        ([(1, 1)], frozenset({0}), 1, "one core"),
+    ],
+)
+def test_nothing_is_pinned_where_the_streams_would_not_leave_a_core(
+    layouts: list[tuple[int, int]], allowed: frozenset[int], usable: int, why: str
+) -> None:
+    assert plan(layouts, allowed, usable) is None, why
+
+
+class WhereRuntime(FakeRuntime):
+    """Notes the cores of the threads that run its encoder passes and steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.where: dict[str, set[frozenset[int]]] = {"encode": set(), "step": set()}
+        self.threads: set[str] = set()
+
+    def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
+        self.where["encode"].add(frozenset(os.sched_getaffinity(0)))
+        return super().encode(src_ids, src_mask)
+
+    def step(self, input_ids, cache, full=False):  # type: ignore[no-untyped-def]
+        self.where["step"].add(frozenset(os.sched_getaffinity(0)))
+        self.threads.add(threading.current_thread().name)
+        return super().step(input_ids, cache, full)
+
+
+@pytest.mark.skipif(len(allowed_cores()) < 3, reason="two streams and the rest need 3 cores to pin")
+def test_each_stream_steps_on_its_own_core_and_encodes_on_the_others() -> None:
+    cores = plan([(2, 1)], allowed_cores(), len(allowed_cores()))
+    assert cores is not None
+    _run_pinned(2, cores[0])
+
+
+@pytest.mark.skipif(len(allowed_cores()) < 2, reason="pinning needs 2 cores")
+def test_a_stream_steps_on_its_own_core_and_encodes_on_the_others() -> None:
+    cores = plan([(1, 1)], allowed_cores(), len(allowed_cores()))
+    assert cores is not None
+    _run_pinned(1, cores[0])
+
+
+def _run_pinned(count: int, cores: Cores) -> None:
+    runtime = WhereRuntime()
+    limits = BatchLimits(overlap_encoder=True)
+    scheduler = new_scheduler(runtime, TokenRules(START, EOS, PAD), limits, Metrics(), "fake", count, cores=cores)
+    before = os.sched_getaffinity(0)
+    scheduler.start()
+    try:
+        rng = np.random.default_rng(0)
+        done: list[Ticket] = []
+        tickets = []
+        for _ in range(24):
+            ticket = Ticket(1, 1e18, done.append)
+            src = [*rng.integers(3, 12, size=5).tolist(), EOS]
+            scheduler.submit([SentenceJob(src, SearchOptions(max_new_tokens=20, min_new_tokens=20), ticket, 0)])
+            tickets.append(ticket)
+            time.sleep(0.002)
+        deadline = time.monotonic() + 20
+        while len(done) < len(tickets) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        scheduler.stop(timeout=1.0)
+    assert len(done) == len(tickets) and all(t.error is None for t in tickets)
+    assert runtime.where["step"] == {frozenset({core}) for core in cores.streams[:count]}
+    if isinstance(scheduler, Streams):
+        assert len(runtime.threads) == count  # both streams stepped, each on its own core
+    assert runtime.where["encode"] == {cores.others}  # the encoder threads went back to the other cores
+    assert os.sched_getaffinity(0) == before  # the caller's thread is left as it was
