@@ -75,7 +75,3 @@ def pin_process(cores: frozenset[int]) -> None:
         except ProcessLookupError:  # a thread that ended meanwhile
             continue
 
-
-def thread_cores() -> frozenset[int]:
-    """The cores the calling thread may run on (for tests and logs)."""
-    return frozenset(os.sched_getaffinity(0))
