@@ -34,6 +34,7 @@ import queue
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ class EngineProcess:
         self._conn, child = context.Pipe()
         self._process = context.Process(
             target=serve,
-            args=(folder, settings, rules, limits, model, child, cores),
+            args=(Engine(folder, settings, rules, limits, model, cores), child),
             name=f"engine-{model}",
             daemon=True,
         )
@@ -394,50 +395,47 @@ class _Outbox:
 _CLOSED = object()
 
 
-def serve(
-    folder: Path,
-    settings: Settings,
-    rules: TokenRules,
-    limits: BatchLimits,
-    model: str,
-    conn: Connection,
-    cores: Cores | None = None,
-) -> None:
+@dataclass(frozen=True)
+class Engine:
+    """What an engine process is started with (pickled to it)."""
+
+    folder: Path
+    settings: Settings
+    rules: TokenRules
+    limits: BatchLimits
+    model: str
+    cores: Cores | None = None  # where its streams and its other threads run (service/placement.py)
+
+
+def serve(engine: Engine, conn: Connection) -> None:
     """The engine process's main: load, warm, report ready, then take messages until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server drains it
-    if cores is not None:  # every thread but the streams' (which pin themselves) on the other threads' cores
-        pin_process(cores.others)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    recorder = MetricsRecorder()
-    outbox = _Outbox(conn, recorder)
+    if engine.cores is not None:  # every thread but the streams' (which pin themselves) on the others' cores
+        pin_process(engine.cores.others)
+    level = engine.settings.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    outbox = _Outbox(conn, MetricsRecorder())
     try:
-        _serve(folder, settings, rules, limits, model, conn, outbox, cores)
+        _serve(engine, conn, outbox)
     finally:
         outbox.close()  # what is queued leaves before the process does
 
 
-def _serve(
-    folder: Path,
-    settings: Settings,
-    rules: TokenRules,
-    limits: BatchLimits,
-    model: str,
-    conn: Connection,
-    outbox: _Outbox,
-    cores: Cores | None,
-) -> None:
+def _serve(engine: Engine, conn: Connection, outbox: _Outbox) -> None:
     """`serve`, its outbox open."""
     from service.translator import decoder_streams, open_runtime  # the server process never opens sessions here
 
     try:
-        loaded = load_model_folder(folder, verify_checksums=False)  # the server checked the files
-        runtime = open_runtime(loaded, settings)
-        streams = decoder_streams(loaded.manifest.config, settings)
-        recorder = outbox.recorder
-        scheduler = new_scheduler(runtime, rules, limits, recorder, model, streams, cores=cores)  # type: ignore[arg-type]
+        loaded = load_model_folder(engine.folder, verify_checksums=False)  # the server checked the files
+        runtime = open_runtime(loaded, engine.settings)
+        streams = decoder_streams(loaded.manifest.config, engine.settings)
+        recorder: Any = outbox.recorder  # takes the Metrics' calls, replayed on the server's registry
+        scheduler = new_scheduler(
+            runtime, engine.rules, engine.limits, recorder, engine.model, streams, cores=engine.cores
+        )
         scheduler.start()
     except Exception as error:  # noqa: BLE001 - reported to the server, which stops with the message
-        outbox.send(("failed", f"{folder}: {error}"))
+        outbox.send(("failed", f"{engine.folder}: {error}"))
         return
     outbox.send(("ready", runtime.providers))
     stopped = threading.Event()
