@@ -5,9 +5,11 @@ Beside it run the HTTP side, the encoder passes and the engine's outbox: on 2 co
 a core, and wherever the kernel puts them they preempt a step or evict its weights from the core's caches. When
 every stream runs on one thread and the streams leave at least one core free, each stream gets a core of its own
 and every other thread of the server and its engine processes is kept to the cores left. Measured on the default
-model at 32 clients, 2 cores (README, Performance): 7,431 -> 7,774 target tok/s (mean of 5 alternating pairs),
-p99/p50 3.2 -> 3.1. Otherwise (streams of several threads, or as many streams as cores, or CUDA) the kernel
-places every thread, as before.
+model at 32 clients, 2 cores (README, Performance): 7,431 -> 7,774 target tok/s (means of 8 alternating pairs,
+pinned faster in each), p99/p50 3.12-3.46 -> 2.98-3.22. Otherwise (streams of several threads, as many streams as
+cores, a CPU quota smaller than the cores the process may run on, or CUDA) the kernel places every thread, as
+before. Several servers on one machine should each get cores of their own (`taskset`, `docker run
+--cpuset-cpus`): each pins within its own.
 
 Pinning is a whole-process change, so only `python -m service` asks for it (`load_translators(pin=True)`): it pins
 its own threads to the others' cores before starting the engine processes, which inherit that, and each stream's
@@ -48,10 +50,11 @@ def allowed_cores() -> frozenset[int]:
 def plan(layouts: list[tuple[int, int]], allowed: frozenset[int], usable: int) -> list[Cores] | None:
     """Per model, from its (decoding streams, intra-op threads per stream): a core of its own for each stream, the
     highest-numbered ones, and the rest for everything else; None (the kernel places every thread) unless every
-    stream runs one thread and the streams leave at least one core, of `allowed` and of `usable` (a CPU quota),
-    for the rest."""
+    stream runs one thread and the streams leave at least one of the `allowed` cores for the rest. None too under
+    a CPU quota smaller than the allowed cores (`usable`: a container's `cpus:` limit without a cpuset): the
+    cores are then shared with other containers, which would pin to the same last cores."""
     streams = sum(count for count, _ in layouts)
-    if any(threads != 1 for _, threads in layouts) or streams >= min(len(allowed), usable):
+    if any(threads != 1 for _, threads in layouts) or streams >= len(allowed) or usable < len(allowed):
         return None
     cores = sorted(allowed)
     reserved, others = cores[len(cores) - streams :], frozenset(cores[: len(cores) - streams])

@@ -90,8 +90,9 @@ class Settings(BaseSettings):
     pin_cores: bool = Field(
         True,
         description="python -m service on Linux: when every decoding stream runs one thread and the streams leave "
-        "a core free, pin each stream to a core of its own and every other thread (HTTP, encoder passes) to the "
-        "cores left; otherwise, or false, the kernel places every thread (CPU only)",
+        "a core free (and no CPU quota is smaller than the cores allowed), pin each stream to a core of its own and "
+        "every other thread (HTTP, encoder passes) to the cores left; otherwise, or false, the kernel places every "
+        "thread (CPU only)",
     )
     engine_process: bool = Field(
         True,

@@ -37,6 +37,7 @@ def test_streams_of_several_models_get_a_core_each_and_share_the_rest() -> None:
         ([(1, 2)], frozenset(range(4)), 4, "a stream of two intra-op threads: ONNX Runtime places its pool"),
         ([(1, 1), (1, 2)], frozenset(range(8)), 8, "one multi-threaded stream among single-threaded ones"),
         ([(1, 1)], frozenset(range(16)), 1, "a CPU quota of one core, on a 16-core machine"),
+        ([(1, 1)], frozenset(range(16)), 4, "a quota of 4 cores on 16: shared with other containers"),
         ([(1, 1)], frozenset({0}), 1, "one core"),
     ],
 )
