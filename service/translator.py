@@ -367,7 +367,11 @@ def place(folders: list[ModelFolder], settings: Settings) -> list[Cores] | None:
     ]
     placed = plan(layouts, allowed_cores(), available_cores())
     if placed is None:
-        log.info("threads not pinned: %s decoding stream(s) and threads on %d core(s)", layouts, available_cores())
+        log.info(
+            "threads not pinned: (decoding streams, threads each) per model %s on %d core(s)",
+            layouts,
+            len(allowed_cores()),
+        )
         return None
     pin_process(placed[0].others)
     log.info(
