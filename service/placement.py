@@ -66,15 +66,27 @@ def plan(layouts: list[tuple[int, int]], allowed: frozenset[int], usable: int) -
 
 
 def pin_thread(cores: frozenset[int]) -> None:
-    """Keep the calling thread (and the threads it starts from now on) to `cores`."""
-    os.sched_setaffinity(0, cores)  # on Linux, pid 0 is the calling thread
+    """Keep the calling thread (and the threads it starts from now on) to `cores`; where the OS refuses (a cpuset
+    changed since the plan, a sandbox without the call), a warning, and the thread runs where it did."""
+    try:
+        os.sched_setaffinity(0, cores)  # on Linux, pid 0 is the calling thread
+    except OSError as error:
+        log.warning("could not pin a thread to cores %s (%s): it runs where the kernel puts it", sorted(cores), error)
 
 
 def pin_process(cores: frozenset[int]) -> None:
-    """Keep every thread of this process, and the processes and threads it starts from now on, to `cores`."""
-    for task in Path("/proc/self/task").iterdir():
+    """Keep every thread of this process, and the processes and threads it starts from now on, to `cores` (as
+    pin_thread: a warning where the OS refuses)."""
+    try:
+        tasks = [int(task.name) for task in Path("/proc/self/task").iterdir()]
+    except OSError as error:
+        log.warning("could not list this process's threads to pin them (%s)", error)
+        return
+    for task in tasks:
         try:
-            os.sched_setaffinity(int(task.name), cores)
+            os.sched_setaffinity(task, cores)
         except ProcessLookupError:  # a thread that ended meanwhile
             continue
+        except OSError as error:
+            log.warning("could not pin thread %d to cores %s (%s)", task, sorted(cores), error)
 

@@ -15,7 +15,7 @@ from service.engine import TokenRules
 from service.metrics import Metrics
 from service.placement import Cores, allowed_cores, plan
 from service.runtime import Memory
-from service.scheduler import BatchLimits, SentenceJob, Streams, Ticket, new_scheduler
+from service.scheduler import BatchLimits, SentenceJob, Ticket, new_scheduler
 from tests.fakes import EOS, PAD, START, FakeRuntime
 
 TWO = frozenset({0, 1})
@@ -80,6 +80,15 @@ def test_a_stream_steps_on_its_own_core_and_encodes_on_the_others() -> None:
 
 
 def _run_pinned(count: int, cores: Cores) -> None:
+    runtime = _run(count, cores)
+    assert runtime.where["step"] == {frozenset({core}) for core in cores.streams[:count]}
+    if count > 1:
+        assert len(runtime.threads) == count  # both streams stepped, each on its own core
+    assert runtime.where["encode"] == {cores.others}  # the encoder threads went back to the other cores
+
+
+def _run(count: int, cores: Cores) -> WhereRuntime:
+    """24 sentences through `count` streams placed on `cores`; every one translated."""
     runtime = WhereRuntime()
     limits = BatchLimits(overlap_encoder=True)
     scheduler = new_scheduler(runtime, TokenRules(START, EOS, PAD), limits, Metrics(), "fake", count, cores=cores)
@@ -101,8 +110,18 @@ def _run_pinned(count: int, cores: Cores) -> None:
     finally:
         scheduler.stop(timeout=1.0)
     assert len(done) == len(tickets) and all(t.error is None for t in tickets)
-    assert runtime.where["step"] == {frozenset({core}) for core in cores.streams[:count]}
-    if isinstance(scheduler, Streams):
-        assert len(runtime.threads) == count  # both streams stepped, each on its own core
-    assert runtime.where["encode"] == {cores.others}  # the encoder threads went back to the other cores
     assert os.sched_getaffinity(0) == before  # the caller's thread is left as it was
+    return runtime
+
+
+@pytest.mark.skipif(len(allowed_cores()) < 2, reason="pinning needs 2 cores")
+def test_a_refused_pin_is_a_warning_and_the_stream_still_serves(caplog: pytest.LogCaptureFixture) -> None:
+    """A core that is no longer the process's (a cpuset changed after the plan): sched_setaffinity fails with
+    EINVAL. The worker and the encoder thread run unpinned; nothing breaks (an initializer that raised would
+    have broken the encoder pool)."""
+    missing = max(allowed_cores()) + 1000
+    cores = Cores((missing,), frozenset({missing}))
+    with caplog.at_level("WARNING", logger="service.placement"):
+        runtime = _run(1, cores)
+    assert runtime.where["step"] == runtime.where["encode"] == {allowed_cores()}
+    assert "could not pin a thread" in caplog.text
