@@ -8,8 +8,9 @@ and every other thread of the server and its engine processes is kept to the cor
 model at 32 clients, 2 cores (README, Performance): 7,431 -> 7,774 target tok/s (means of 8 alternating pairs,
 pinned faster in each), p99/p50 3.12-3.46 -> 2.98-3.22. Otherwise (streams of several threads, as many streams as
 cores, a CPU quota smaller than the cores the process may run on, or CUDA) the kernel places every thread, as
-before. Several servers on one machine should each get cores of their own (`taskset`, `docker run
---cpuset-cpus`): each pins within its own.
+before. Several servers on one machine claim their streams' cores with a lock file each (`claim`, in
+/dev/shm/transformer-mt-cores/): a second server pins its streams to the next free cores, or not at all when
+none is left for its other threads.
 
 Pinning is a whole-process change, so only `python -m service` asks for it (`load_translators(pin=True)`): it pins
 its own threads to the others' cores before starting the engine processes, which inherit that, and each stream's
@@ -19,12 +20,17 @@ encoder pool pins its thread back to the others' cores.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+SHARED_MEMORY = Path("/dev/shm")
+CLAIMS = (SHARED_MEMORY if SHARED_MEMORY.is_dir() else Path(tempfile.gettempdir())) / "transformer-mt-cores"
+_claimed: dict[int, int] = {}  # core -> the descriptor whose lock claims it for this process
 
 
 @dataclass(frozen=True)
@@ -47,22 +53,72 @@ def allowed_cores() -> frozenset[int]:
         return frozenset()
 
 
-def plan(layouts: list[tuple[int, int]], allowed: frozenset[int], usable: int) -> list[Cores] | None:
+def plan(
+    layouts: list[tuple[int, int]], allowed: frozenset[int], usable: int, taken: frozenset[int] = frozenset()
+) -> list[Cores] | None:
     """Per model, from its (decoding streams, intra-op threads per stream): a core of its own for each stream, the
-    highest-numbered ones, and the rest for everything else; None (the kernel places every thread) unless every
-    stream runs one thread and the streams leave at least one of the `allowed` cores for the rest. None too under
-    a CPU quota smaller than the allowed cores (`usable`: a container's `cpus:` limit without a cpuset): the
-    cores are then shared with other containers, which would pin to the same last cores."""
+    highest-numbered ones not `taken` (by another server's streams), and the rest for everything else; None (the
+    kernel places every thread) unless every stream runs one thread and the streams leave at least one free core
+    for the rest. None too under a CPU quota smaller than the allowed cores (`usable`: a container's `cpus:` limit
+    without a cpuset): the cores are then shared with other containers, which cannot see each other's claims."""
     streams = sum(count for count, _ in layouts)
-    if any(threads != 1 for _, threads in layouts) or streams >= len(allowed) or usable < len(allowed):
+    cores = sorted(allowed - taken)
+    if any(threads != 1 for _, threads in layouts) or streams >= len(cores) or usable < len(allowed):
         return None
-    cores = sorted(allowed)
     reserved, others = cores[len(cores) - streams :], frozenset(cores[: len(cores) - streams])
     placed, start = [], 0
     for count, _ in layouts:
         placed.append(Cores(tuple(reserved[start : start + count]), others))
         start += count
     return placed
+
+
+def claim(cores: list[int], directory: Path = CLAIMS) -> frozenset[int]:
+    """Claim `cores` for this process's streams, for as long as it lives, with a lock file each (`flock`: the
+    kernel drops it when the process ends, however it ends); returns those another process holds, claiming none
+    of the others then. So two servers on one machine put their streams on different cores."""
+    refused, held = set(), []
+    for core in cores:
+        descriptor = _lock(directory / f"core-{core}.lock")
+        if descriptor is None:
+            refused.add(core)
+        else:
+            held.append((core, descriptor))
+    if refused:
+        for _, descriptor in held:
+            os.close(descriptor)  # closing the file drops its lock
+    else:
+        _claimed.update(held)
+    return frozenset(refused)
+
+
+def release(cores: list[int]) -> None:
+    """Drop this process's claims on `cores` (tests; a server keeps its claims until it exits)."""
+    for core in cores:
+        descriptor = _claimed.pop(core, None)
+        if descriptor is not None:
+            os.close(descriptor)
+
+
+def _lock(path: Path) -> int | None:
+    """An open descriptor holding an exclusive lock on `path`, or None if another process holds it (or the file
+    cannot be opened: taken, to be safe)."""
+    try:
+        path.parent.mkdir(mode=0o777, parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # another user's directory: theirs to open up
+            path.parent.chmod(0o1777)  # every user's servers claim cores in it, like /tmp
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as error:
+        log.info("cannot claim a core with %s (%s): counted as taken", path, error)
+        return None
+    import fcntl  # POSIX only: nothing is pinned elsewhere
+
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        return None
+    return descriptor
 
 
 def pin_thread(cores: frozenset[int]) -> None:
@@ -89,4 +145,3 @@ def pin_process(cores: frozenset[int]) -> None:
             continue
         except OSError as error:
             log.warning("could not pin thread %d to cores %s (%s)", task, sorted(cores), error)
-

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.placement import CLAIMS
+
 SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -93,6 +95,11 @@ class Settings(BaseSettings):
         "a core free (and no CPU quota is smaller than the cores allowed), pin each stream to a core of its own and "
         "every other thread (HTTP, encoder passes) to the cores left; otherwise, or false, the kernel places every "
         "thread (CPU only)",
+    )
+    pin_claims_dir: Path = Field(
+        CLAIMS,
+        description="where the servers of one machine claim the cores they pin streams to (a lock file per core), "
+        "so that a second server pins to other cores; servers that share cores must share it",
     )
     engine_process: bool = Field(
         True,

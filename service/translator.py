@@ -21,7 +21,7 @@ from service.engine_process import EngineProcess
 from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, TooLarge
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, Architecture, ModelFolder, load_model_folder
-from service.placement import Cores, allowed_cores, pin_process, plan
+from service.placement import Cores, allowed_cores, claim, pin_process, plan
 from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
 from service.settings import Settings, available_cores
@@ -365,12 +365,19 @@ def place(folders: list[ModelFolder], settings: Settings) -> list[Cores] | None:
     layouts = [
         (decoder_streams(f.manifest.config, settings), intra_op_threads(f.manifest.config, settings)) for f in folders
     ]
-    placed = plan(layouts, allowed_cores(), available_cores())
+    taken: frozenset[int] = frozenset()
+    while True:  # claim the planned cores; any another server holds are taken: plan again without them
+        placed = plan(layouts, allowed_cores(), available_cores(), taken)
+        wanted = [core for cores in placed or () for core in cores.streams]
+        refused = claim(wanted, settings.pin_claims_dir) if placed else frozenset()
+        if not refused:
+            break
+        taken |= refused
     if placed is None:
         log.info(
-            "threads not pinned: (decoding streams, threads each) per model %s on %d core(s)",
-            layouts,
-            len(allowed_cores()),
+            "threads not pinned: (decoding streams, threads each) per model %s on %d core(s), %d claimed by other "
+            "servers",
+            *(layouts, len(allowed_cores()), len(taken)),
         )
         return None
     pin_process(placed[0].others)

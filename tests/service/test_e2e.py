@@ -180,11 +180,12 @@ def children(pid: int) -> list[int]:
 
 @pytest.mark.skipif(available_cores() < 2, reason="pinning needs 2 cores (affinity and CPU quota)")
 @pytest.mark.parametrize("pin", ["true", "false"])
-def test_the_real_server_gives_its_decoding_stream_a_core_of_its_own(model_dir: Path, pin: str) -> None:
+def test_the_real_server_gives_its_decoding_stream_a_core_of_its_own(model_dir: Path, pin: str, tmp_path: Path) -> None:
     allowed = frozenset(os.sched_getaffinity(0))
     stream_core, others = max(allowed), allowed - {max(allowed)}
     port = free_port()
-    process = start_server(model_dir, port, MT_PIN_CORES=pin)  # one stream of one thread (MT_INTRA_OP_THREADS=1)
+    # one stream of one thread (MT_INTRA_OP_THREADS=1); claims of its own, whatever else runs on this machine
+    process = start_server(model_dir, port, MT_PIN_CORES=pin, MT_PIN_CLAIMS_DIR=str(tmp_path))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process)
@@ -208,3 +209,19 @@ def test_the_real_server_gives_its_decoding_stream_a_core_of_its_own(model_dir: 
     else:
         assert card["stream_cores"] is None
         assert set(server_threads) == set(engine_threads) == {allowed}
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="pinning needs 2 cores (affinity and CPU quota)")
+def test_a_second_server_on_the_machine_pins_to_another_core_or_not_at_all(model_dir: Path, tmp_path: Path) -> None:
+    """Both claim cores in one directory: the second leaves the first's core alone (on 2 cores it then has none
+    to spare, and pins nothing); once the first has exited, its core is free again."""
+    allowed = sorted(os.sched_getaffinity(0))
+    claims = {"MT_PIN_CLAIMS_DIR": str(tmp_path)}
+    with running_server(model_dir, **claims) as first, running_server(model_dir, **claims) as second:
+        cores = [httpx.get(f"{url}/v1/models").json()["models"][0]["stream_cores"] for url in (first, second)]
+        answer = httpx.post(f"{second}/translate", json={"q": SENTENCES[1], "source": "en", "target": "fr"})
+    assert answer.status_code == 200
+    assert cores[0] == [allowed[-1]]
+    assert cores[1] == ([allowed[-2]] if len(allowed) > 2 else None)
+    with running_server(model_dir, **claims) as third:  # the first two have exited: their claims went with them
+        assert httpx.get(f"{third}/v1/models").json()["models"][0]["stream_cores"] == [allowed[-1]]

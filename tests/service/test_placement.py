@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from service.decoding import SearchOptions
 from service.engine import TokenRules
 from service.metrics import Metrics
-from service.placement import Cores, allowed_cores, plan
+from service.placement import Cores, allowed_cores, claim, plan, release
 from service.runtime import Memory
 from service.scheduler import BatchLimits, SentenceJob, Ticket, new_scheduler
 from tests.fakes import EOS, PAD, START, FakeRuntime
@@ -28,6 +29,25 @@ def test_one_single_threaded_stream_on_two_cores_gets_the_last_core() -> None:
 def test_streams_of_several_models_get_a_core_each_and_share_the_rest() -> None:
     cores = frozenset({2, 3, 5, 7, 8})  # a cpuset: not 0..n-1
     assert plan([(2, 1), (1, 1)], cores, 5) == [Cores((5, 7), frozenset({2, 3})), Cores((8,), frozenset({2, 3}))]
+
+
+def test_cores_another_server_claimed_are_left_to_it() -> None:
+    four = frozenset(range(4))
+    assert plan([(1, 1)], four, 4, taken=frozenset({3})) == [Cores((2,), frozenset({0, 1}))]
+    assert plan([(1, 1)], TWO, 2, taken=frozenset({1})) is None  # one core left: none for the other threads
+
+
+def test_a_claimed_core_is_refused_to_others_until_released(tmp_path: Path) -> None:
+    assert claim([7, 6], tmp_path) == frozenset()
+    try:
+        # another claimant (a lock on another open file is another process's, for flock)
+        assert claim([7, 5], tmp_path) == {7}
+        assert claim([5], tmp_path) == frozenset()  # a refusal claimed nothing: 5 was still free
+        release([5])
+    finally:
+        release([7, 6])
+    assert claim([7], tmp_path) == frozenset()
+    release([7])
 
 
 @pytest.mark.parametrize(
