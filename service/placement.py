@@ -107,7 +107,7 @@ def _lock(path: Path) -> int | None:
         path.parent.mkdir(mode=0o777, parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # another user's directory: theirs to open up
             path.parent.chmod(0o1777)  # every user's servers claim cores in it, like /tmp
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)  # read-only: any user can lock it
     except OSError as error:
         log.info("cannot claim a core with %s (%s): counted as taken", path, error)
         return None
