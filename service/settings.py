@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.placement import CLAIMS
+from service.placement import CLAIMS, allowed_cores
 
 SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "models"
 
@@ -20,10 +20,7 @@ SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "models"
 def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """The cores this process may use, at least 1: the CPUs it may run on (affinity, cpusets), capped by a cgroup
     CPU quota (a container's `cpus:` limit, which affinity does not show), rounded up."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
+    cores = len(allowed_cores()) or os.cpu_count() or 1  # affinity, where the OS says it (Linux)
     quota = cpu_quota(cgroup)
     return max(1, min(cores, math.ceil(quota)) if quota else cores)
 

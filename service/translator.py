@@ -365,19 +365,17 @@ def place(folders: list[ModelFolder], settings: Settings) -> list[Cores] | None:
     layouts = [
         (decoder_streams(f.manifest.config, settings), intra_op_threads(f.manifest.config, settings)) for f in folders
     ]
-    taken: frozenset[int] = frozenset()
-    while True:  # claim the planned cores; any another server holds are taken: plan again without them
-        placed = plan(layouts, allowed_cores(), available_cores(), taken)
-        wanted = [core for cores in placed or () for core in cores.streams]
-        refused = claim(wanted, settings.pin_claims_dir) if placed else frozenset()
+    allowed, usable, taken = allowed_cores(), available_cores(), frozenset[int]()
+    while (placed := plan(layouts, allowed, usable, taken)) is not None:
+        refused = claim([core for cores in placed for core in cores.streams], settings.pin_claims_dir)
         if not refused:
             break
-        taken |= refused
+        taken |= refused  # another server holds these: plan again without them
     if placed is None:
         log.info(
             "threads not pinned: (decoding streams, threads each) per model %s on %d core(s), %d claimed by other "
             "servers",
-            *(layouts, len(allowed_cores()), len(taken)),
+            *(layouts, len(allowed), len(taken)),
         )
         return None
     pin_process(placed[0].others)
