@@ -245,6 +245,5 @@ def build_decoder_step(model: Transformer) -> onnx.ModelProto:
     generator = model.generator
     logits = g.linear(x, generator.proj.weight, generator.logits_bias, "generator")  # (B, V)
     g.op("LogSoftmax", logits, axis=-1, out="log_probs")  # (B, V) (ONNX Runtime's ReduceLogSumExp is 5x slower)
-    top = g.ints([graph_io.top_k(cfg)])  # banned ids included: the runtime drops them from these few
-    g.ops_named("TopK", "log_probs", top, outs=["top_log_probs", "top_ids"], axis=-1)  # (B, K + banned)
+    g.ops_named("TopK", "log_probs", "top_k", outs=["top_log_probs", "top_ids"], axis=-1)  # (B, top_k), banned ids too
     return g.model("decoder_step", graph_io.decoder_inputs(cfg), graph_io.decoder_outputs(cfg))

@@ -35,6 +35,12 @@ def _hypothesis(tokens: np.ndarray, log_prob: float, length_penalty: float) -> H
     return Hypothesis(tuple(int(t) for t in tokens), float(log_prob), float(log_prob / len(tokens) ** length_penalty))
 
 
+def candidates(options: SearchOptions) -> int:
+    """The candidates per row a search takes from each step: greedy the best two (the second for an EOS not
+    allowed yet), beam k the best 2k of all its rows, plus one for an EOS not allowed yet."""
+    return 2 if options.beam_size == 1 else 2 * options.beam_size + 1
+
+
 @dataclass
 class GreedySearch:
     """The most probable token at every step (beam size 1)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.decoding import GreedySearch, Hypothesis, Search, SearchOptions, new_search
+from service.decoding import GreedySearch, Hypothesis, Search, SearchOptions, candidates, new_search
 from service.runtime import Runtime
 
 
@@ -48,6 +48,13 @@ def last_tokens(searches: list[Search]) -> np.ndarray:
     if greedy_rows(searches):
         return np.array([s.last_token for s in searches], dtype=np.int64)  # (B,) one row each
     return np.concatenate([s.last_tokens() for s in searches])  # (B,)
+
+
+def candidates_needed(searches: list[Search]) -> int:
+    """The most candidates per row any of the searches takes from the next step (what `Runtime.step` returns)."""
+    if greedy_rows(searches):
+        return candidates(searches[0].options)  # (all greedy: the common case of a continuous batch, checked fast)
+    return max(candidates(s.options) for s in searches)
 
 
 def advance_all(searches: list[Search], top_log_probs: np.ndarray, top_ids: np.ndarray) -> tuple[list[int], np.ndarray]:
@@ -126,7 +133,7 @@ def decode_batch(
     live = list(searches)
     while live:
         input_ids = last_tokens(live)  # (B,)
-        out = runtime.step(input_ids, cache)
+        out = runtime.step(input_ids, cache, candidates=candidates_needed(live))
         order, rows = advance_all(live, out.top_log_probs, out.top_ids)
         cache.select(rows)
         live = [live[i] for i in order]

@@ -20,9 +20,11 @@ from service.errors import ModelFolderError
 MANIFEST = "manifest.json"
 FORMAT = "transformer-mt-model"
 # 2: cross-attention keys/values per sentence, rows grouped by sentence_rows/row_slots; 3: self-attention writes
-# the cache in place (present_key_i/present_value_i), self_mask and step_keys/step_values gone. model_export
-# writes this one (graph_io.FORMAT_VERSION).
-FORMAT_VERSION = 3
+# the cache in place (present_key_i/present_value_i), self_mask and step_keys/step_values gone; 4: the step graph's
+# `top_k` input says how many candidates per row it returns (3: always 19). model_export writes FORMAT_VERSION
+# (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on (service/runtime.py, step_candidates).
+FORMAT_VERSION = 4
+OLDEST_FORMAT_VERSION = 3
 ORT_DTYPES = {
     "tensor(float)": "float32",
     "tensor(float16)": "float16",
@@ -138,10 +140,10 @@ class Manifest(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
-        if self.format_version < FORMAT_VERSION:
+        if self.format_version < OLDEST_FORMAT_VERSION:
             raise ValueError(
-                f"format_version {self.format_version} is older than {FORMAT_VERSION}, the one this server reads: "
-                "export the model folder again with this version's model_export"
+                f"format_version {self.format_version} is older than {OLDEST_FORMAT_VERSION}, the oldest this server "
+                "reads: export the model folder again with this version's model_export"
             )
         if self.format_version > FORMAT_VERSION:
             raise ValueError(

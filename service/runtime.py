@@ -49,9 +49,12 @@ class Memory(NamedTuple):
     values: np.ndarray  # (L, b, H, S, Dh)
 
 
+DEFAULT_CANDIDATES = 17  # clean candidates per row when a caller of `step` does not say (beam 8's)
+
+
 class StepOutput(NamedTuple):
     top_log_probs: np.ndarray  # (B, K) each row's K best next-token log-probs, best first (pad/start excluded)
-    top_ids: np.ndarray  # (B, K) their token ids
+    top_ids: np.ndarray  # (B, K) their token ids (K: the candidates asked for, or fewer if the graph has no more)
     log_probs: np.ndarray | None = None  # (B, V) the whole distribution, only when asked (verification)
 
 
@@ -60,9 +63,10 @@ class Binding:
     """A cache's IO binding for the step graph (see OnnxRuntime._bind), kept in the cache until its arrays change."""
 
     full: bool  # log_probs bound too
+    width: int  # candidates per row the graph returns, the banned ids among them
     binding: ort.IOBinding
     input_ids: np.ndarray  # (B,) bound; each step copies its tokens in
-    outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, K + banned)[, log_probs (B, V)], bound
+    outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, width)[, log_probs (B, V)], bound
 
 
 class Runtime(Protocol):
@@ -78,8 +82,11 @@ class Runtime(Protocol):
         """An empty cache in the dtype and the memory (host or GPU) that `step` binds."""
         ...
 
-    def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput:
-        """One token per row; the row's key and value of this step end up in `cache`, which counts the step."""
+    def step(
+        self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False, candidates: int = DEFAULT_CANDIDATES
+    ) -> StepOutput:
+        """One token per row; the row's key and value of this step end up in `cache`, which counts the step.
+        `candidates`: the most any row's search takes (greedy 2, beam k 2k + 1); the graph may return more."""
         ...
 
 
@@ -112,13 +119,28 @@ def shared_initializers(folder: ModelFolder, variant: VariantSpec) -> dict[str, 
     return shared
 
 
-def step_candidates(folder: ModelFolder, variant: VariantSpec) -> tuple[np.ndarray, int]:
-    """The ids the step graph's top-K may hold but no search may take (pad and the decoder start), and how
-    many candidates per row are left once the runtime drops them."""
+@dataclass(frozen=True)
+class Candidates:
+    """What a step graph's top-K gives each row. Format 4 returns as many candidates as its `top_k` input asks
+    for, and the runtime asks for what the step's searches take: ONNX Runtime's TopK costs more the more it keeps
+    (28 rows of 8,000: 134 us for 4, 238 us for 19). Format 3 always returns its fixed width (19)."""
+
+    banned: np.ndarray  # (b,) ids the top-K may hold but no search may take: pad and the decoder start
+    most: int  # candidates per row left, at most, once the banned ones are dropped
+    chosen: bool  # the graph has a `top_k` input (format 4)
+
+    def width(self, candidates: int) -> int:
+        """The graph's top-K width for `candidates` clean candidates per row (the banned ones may be among them)."""
+        return min(candidates, self.most) + len(self.banned) if self.chosen else self.most + len(self.banned)
+
+
+def step_candidates(folder: ModelFolder, variant: VariantSpec) -> Candidates:
     ids = folder.manifest.special_ids
     banned = np.array(sorted({ids.pad, ids.decoder_start}), np.int64)
-    width = next(s for s in variant.decoder_step.outputs if s.role == "top_ids").shape[1]
-    return banned, int(width) - len(banned)
+    chosen = any(s.role == "top_k" for s in variant.decoder_step.inputs)
+    width = next(s for s in variant.decoder_step.outputs if s.role == "top_ids").shape[1]  # "top_k", or fixed
+    most = folder.manifest.config.tgt_vocab_size if chosen else int(width)
+    return Candidates(banned, most - len(banned), chosen)
 
 
 def refuse_unverified_gpu_fp16(providers: list[str], cache_dtype: str, allowed: bool, where: Path) -> None:
@@ -222,7 +244,8 @@ class OnnxRuntime:
         }
         outputs = {s.name: s for s in dec.outputs}
         self._dec_out = {role: outputs[dec.one(role)] for role in ("top_log_probs", "top_ids", "log_probs")}
-        self.banned, self.top_k = step_candidates(folder, spec)  # never generated; clean candidates per row
+        self.candidates = step_candidates(folder, spec)  # what the step's top-K gives each row
+        self._dec_top_k = dec.one("top_k") if self.candidates.chosen else None
         self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
         refuse_unverified_gpu_fp16(self.providers, self.cache_dtype, settings.experimental_gpu_fp16, folder.path)
         self.gpu = gpu_array_module(self.providers, self.cache_dtype)  # None: the cache in host memory
@@ -236,29 +259,36 @@ class OnnxRuntime:
         values = np.stack(outputs[self.n_layers :])  # (L, b, H, S, Dh)
         return Memory(keys, values)
 
-    def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput:
+    def step(
+        self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False, candidates: int = DEFAULT_CANDIDATES
+    ) -> StepOutput:
         """One token per row. The graph writes each row's key and value of this step into the cache's own buffers
         (bound as both its self_key_i input and its present_key_i output), then the cache counts the step. The
-        (B, V) log-probs leave the graph only if `full`: searches need the top K."""
+        (B, V) log-probs leave the graph only if `full`: searches need `candidates` per row, best first."""
         cache.make_room()  # a free slot per row, before the buffers are bound
+        width = self.candidates.width(candidates)
         bound = cache.bound  # the cache drops it whenever the arrays it binds change
-        if bound is None or bound.full != full:
-            bound = cache.bound = self._bind(cache, full)
+        if bound is None or bound.full != full or bound.width != width:
+            bound = cache.bound = self._bind(cache, full, width)
         bound.input_ids[:] = input_ids  # (B,)
         if cache.on_gpu:
             cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
         self.decoder.run_with_iobinding(bound.binding)
         top_log_probs, top_ids, *rest = (array.copy() for array in bound.outputs)  # the next step rewrites them
         cache.advance()
-        top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.banned, self.top_k)
+        kept = min(candidates, self.candidates.most)
+        top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.candidates.banned, kept)
         return StepOutput(top_log_probs, top_ids, *rest)
 
-    def _bind(self, cache: DecoderCache, full: bool) -> Binding:
+    def _bind(self, cache: DecoderCache, full: bool, width: int) -> Binding:
         """The step's inputs and outputs bound to the cache's arrays and to output arrays of its rows: valid, and
         reused, until the cache's arrays change (rows joining or leaving, a buffer resized). In between, a step
         copies its tokens in and reads the outputs: `positions` is the cache's own `lengths`, which it counts in
-        place, and the graph writes the cache's buffers in place (present_key_i bound to self_key_i's memory)."""
+        place, and the graph writes the cache's buffers in place (present_key_i bound to self_key_i's memory).
+        `width`: the top-K's candidates per row, the banned ids among them (format 4 is told; format 3's is fixed)."""
         binding = self.decoder.io_binding()
+        if self._dec_top_k is not None:
+            binding.bind_ortvalue_input(self._dec_top_k, ortvalue(np.array([width], np.int64)))  # (1,)
         input_ids = np.zeros(cache.rows, np.int64)  # (B,) each step's tokens, copied in
         for role, array in (
             ("input_ids", input_ids),  # (B,)
@@ -270,21 +300,22 @@ class OnnxRuntime:
             if not array.flags.c_contiguous:  # bound by reference: a contiguous copy would not see later updates
                 raise ValueError(f"{role} must be a contiguous array")
             binding.bind_ortvalue_input(self._dec_one[role], ortvalue(array))
-        outputs = self._outputs(cache.rows, full)  # (B, K + banned) twice [, (B, V)]: the graph writes them
+        outputs = self._outputs(cache.rows, full, width)  # (B, width) twice [, (B, V)]: the graph writes them
         for name, array in outputs.items():
             binding.bind_ortvalue_output(name, ortvalue(array))  # host memory; no OrtValues to fetch afterwards
         if cache.on_gpu:
             bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
         else:
             bind_host_cache(binding, self._dec_in, self._dec_present, cache)
-        return Binding(full, binding, input_ids, tuple(outputs.values()))
+        return Binding(full, width, binding, input_ids, tuple(outputs.values()))
 
-    def _outputs(self, rows: int, full: bool) -> dict[str, np.ndarray]:
+    def _outputs(self, rows: int, full: bool, width: int) -> dict[str, np.ndarray]:
         """Host arrays for the step's outputs, by name, top_log_probs and top_ids first; log_probs only if `full`.
         Bound before the run, they save fetching ONNX Runtime's own (all of them, the cache's presents too)."""
+        widths = {"top_log_probs": width, "top_ids": width, "log_probs": self._dec_out["log_probs"].shape[1]}
         roles = ("top_log_probs", "top_ids", "log_probs") if full else ("top_log_probs", "top_ids")
         specs = [self._dec_out[role] for role in roles]
-        return {s.name: np.empty((rows, int(s.shape[1])), s.dtype) for s in specs}  # (B, K + banned) or (B, V)
+        return {s.name: np.empty((rows, int(widths[s.role])), s.dtype) for s in specs}  # (B, width) or (B, V)
 
 
 def bind_host_cache(binding: ort.IOBinding, inputs: dict, presents: dict, cache: DecoderCache) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.decoding import Hypothesis, Search, SearchOptions, new_search
-from service.engine import TokenRules, advance_all, decode_batch, last_tokens, pad_batch
+from service.engine import TokenRules, advance_all, candidates_needed, decode_batch, last_tokens, pad_batch
 from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
 from service.metrics import Metrics
 from service.placement import Cores, pin_thread
@@ -433,7 +433,7 @@ class Scheduler:
         searches = [r.search for r in self.active]
         input_ids = last_tokens(searches)  # (B,)
         try:
-            out = self.runtime.step(input_ids, self.cache)
+            out = self.runtime.step(input_ids, self.cache, candidates=candidates_needed(searches))
         except Exception as error:  # noqa: BLE001 - fail this batch's requests, keep serving
             self._fail([r.job for r in self.active], error)
             self.active = []

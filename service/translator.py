@@ -89,8 +89,8 @@ class Translator:
         ids = manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
-        _, candidates = step_candidates(folder, folder.variant(settings.variant))  # per row
-        self.max_beam = (candidates - 1) // 2  # beam k takes 2k candidates, + 1 for an EOS not allowed yet
+        most = step_candidates(folder, folder.variant(settings.variant)).most  # candidates per row, at most
+        self.max_beam = (most - 1) // 2  # beam k takes 2k + 1 (decoding.candidates)
         limits = batch_limits(settings)
         self.cores = cores  # where its decoding streams run, if pinned (service/placement.py)
         self.scheduler: Scheduler | Streams | EngineProcess

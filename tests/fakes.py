@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from service.kv_cache import DecoderCache
-from service.runtime import Memory, StepOutput
+from service.runtime import DEFAULT_CANDIDATES, Memory, StepOutput
 
 VOCAB, PAD, START, EOS = 12, 0, 1, 2
 TOP_K = 10
@@ -35,7 +35,9 @@ class FakeRuntime:
     def new_cache(self) -> DecoderCache:
         return DecoderCache(self.n_layers, self.n_heads, self.head_dim)
 
-    def step(self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False) -> StepOutput:
+    def step(
+        self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False, candidates: int = DEFAULT_CANDIDATES
+    ) -> StepOutput:
         self.steps += 1
         self.step_rows.append(len(input_ids))
         if self.fail_next_step:
@@ -58,7 +60,8 @@ class FakeRuntime:
         for layers in (cache.self_keys, cache.self_values):  # as the step graph does: this step at each row's slot
             layers[0][rows, 0, cache.lengths, 0] = input_ids  # (B,)
         cache.advance()
-        top_log_probs, top_ids = top_k(log_probs.astype(np.float32), TOP_K, banned=(PAD, START))
+        width = min(candidates, TOP_K)  # what a format 4 graph gives: what was asked for (searches take no more)
+        top_log_probs, top_ids = top_k(log_probs.astype(np.float32), width, banned=(PAD, START))
         return StepOutput(top_log_probs, top_ids, log_probs if full else None)
 
 

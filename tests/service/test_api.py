@@ -189,11 +189,11 @@ def fail_first_call(function: Callable[..., object]) -> Callable[..., object]:
     """`function`, except that its first call raises as a failing ONNX Runtime run would."""
     calls: list[int] = []
 
-    def failing(*args: object) -> object:
+    def failing(*args: object, **kwargs: object) -> object:
         if not calls:
             calls.append(1)
             raise RuntimeError("simulated ONNX Runtime failure")
-        return function(*args)
+        return function(*args, **kwargs)
 
     return failing
 

@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from service.decoding import BeamSearch, GreedySearch, SearchOptions, new_search, stay_in_parent_rows
-from service.engine import advance_all, advance_each, advance_greedy, last_tokens
+from service.decoding import BeamSearch, GreedySearch, SearchOptions, candidates, new_search, stay_in_parent_rows
+from service.engine import advance_all, advance_each, advance_greedy, candidates_needed, last_tokens
 from tests.fakes import top_k
 
 VOCAB, EOS, START = 5, 0, 4
@@ -133,3 +133,12 @@ def test_greedy_rows_advance_at_once_as_one_at_a_time() -> None:
         (order, rows), (order2, rows2) = advance_all(mixed[0], *candidates), advance_each(mixed[1], *candidates)
         assert order == order2 and rows.tolist() == rows2.tolist()
         mixed = [[m[i] for i in order] for m in mixed]
+
+
+def test_each_search_asks_the_step_for_the_candidates_it_takes() -> None:
+    """Greedy takes a row's best two (the second for an EOS not allowed yet); beam k the best 2k of all its rows,
+    and one more for an EOS not allowed yet. A step gives a batch what its neediest search takes."""
+    assert [candidates(SearchOptions(beam_size=k)) for k in (1, 2, 4, 8)] == [2, 5, 9, 17]
+    greedy = [new_search(START, EOS, SearchOptions()) for _ in range(3)]
+    assert candidates_needed(greedy) == 2
+    assert candidates_needed([*greedy, new_search(START, EOS, SearchOptions(beam_size=3))]) == 7

@@ -76,14 +76,14 @@ def test_manifest_field_missing(folder: Path) -> None:
 
 
 def test_newer_format_version(folder: Path) -> None:
-    edit_manifest(folder, lambda m: m.update(format_version=4))
-    with pytest.raises(ModelFolderError, match="format_version 4 is newer than 3.*run a server as new"):
+    edit_manifest(folder, lambda m: m.update(format_version=5))
+    with pytest.raises(ModelFolderError, match="format_version 5 is newer than 4.*run a server as new"):
         load_model_folder(folder)
 
 
 def test_older_format_version_says_to_export_again(folder: Path) -> None:
     edit_manifest(folder, lambda m: m.update(format_version=2))  # step keys/values returned for the caller to append
-    with pytest.raises(ModelFolderError, match="format_version 2 is older than 3.*export the model folder again"):
+    with pytest.raises(ModelFolderError, match="format_version 2 is older than 3, the oldest.*export the model folder"):
         load_model_folder(folder)
 
 

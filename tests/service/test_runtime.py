@@ -1,18 +1,24 @@
 """Execution providers: CUDA when asked and present, CPU with a warning when it is not; thread counts."""
 
+import json
 import logging
+import shutil
 import sys
 import types
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 
+from service.decoding import SearchOptions
+from service.engine import TokenRules, decode_batch
 from service.errors import ModelFolderError
 from service.kv_cache import MIN_CAPACITY
 from service.metrics import Metrics
-from service.model_folder import load_model_folder
+from service.model_folder import MANIFEST, load_model_folder, sha256_of
 from service.runtime import (
     OnnxRuntime,
     SessionSettings,
@@ -23,6 +29,7 @@ from service.runtime import (
 from service.settings import SHIPPED_MODELS, Settings, available_cores
 from service.translator import (
     SHARED_STEP_MACS,
+    Translator,
     decoder_macs_per_token,
     decoder_streams,
     intra_op_threads,
@@ -193,3 +200,73 @@ def test_a_step_reads_no_self_attention_slot_past_each_rows_length(model_dir: Pa
         np.testing.assert_array_equal(got.top_ids, expected.top_ids)
         np.testing.assert_array_equal(got.top_log_probs, expected.top_log_probs)
     assert dirty.lengths.tolist() == [24, 19, 7] and dirty.capacity > MIN_CAPACITY
+
+
+def as_format_3(folder: Path, dest: Path, width: int = 19) -> Path:
+    """A copy of `folder` as format 3 wrote it: each step graph's TopK fixed at `width` candidates per row (17 and
+    the two banned ids), no `top_k` input."""
+    shutil.copytree(folder, dest)
+    manifest = json.loads((dest / MANIFEST).read_text())
+    for variant in manifest["variants"].values():
+        step = variant["decoder_step"]
+        step["inputs"] = [spec for spec in step["inputs"] if spec["role"] != "top_k"]
+        for spec in step["outputs"]:
+            if spec["role"] in ("top_log_probs", "top_ids"):
+                spec["shape"] = ["batch", width]
+        path = dest / step["file"]
+        graph = onnx.load(path, load_external_data=False)
+        graph.graph.input.remove(next(i for i in graph.graph.input if i.name == "top_k"))
+        graph.graph.initializer.append(numpy_helper.from_array(np.array([width], np.int64), "top_k"))
+        onnx.save(graph, path)
+        manifest["files"][step["file"]] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+    manifest["format_version"] = 3
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+    return dest
+
+
+def test_the_step_returns_the_candidates_its_searches_take(model_dir: Path) -> None:
+    """Format 4: the graph's top-K keeps as many candidates as the runtime asks for (its cost grows with them), the
+    banned ids dropped; each width is the best of the whole distribution in order, so a wider one starts with a
+    narrower one. The binding is made anew when the width changes."""
+    folder = load_model_folder(model_dir)
+    runtime = OnnxRuntime(folder, "fp32")
+    assert runtime.candidates.chosen and runtime.candidates.most == folder.manifest.config.tgt_vocab_size - 2
+    rng = np.random.default_rng(2)
+    ids, mask = rng.integers(4, folder.manifest.config.src_vocab_size, (3, 7)), np.ones((3, 7), np.bool_)
+    memory = runtime.encode(ids, mask)
+    caches = [runtime.new_cache() for _ in range(3)]
+    for cache in caches:
+        cache.add(memory.keys, memory.values, mask)
+    for t in range(4):
+        tokens = rng.integers(4, folder.manifest.config.tgt_vocab_size, 3)
+        full = runtime.step(tokens, caches[0], full=True)
+        narrow = runtime.step(tokens, caches[1], candidates=2)
+        wide = runtime.step(tokens, caches[2], candidates=9 if t < 2 else 5)
+        allowed = full.log_probs.copy()  # (B, V) the reference: numpy's order of the whole distribution
+        allowed[:, runtime.candidates.banned] = -np.inf
+        best = np.argsort(-allowed, axis=1, kind="stable")  # (B, V)
+        assert narrow.top_ids.shape == (3, 2) and wide.top_ids.shape == (3, 9 if t < 2 else 5)
+        np.testing.assert_array_equal(narrow.top_ids, best[:, :2])
+        np.testing.assert_array_equal(wide.top_ids, best[:, : wide.top_ids.shape[1]])
+        np.testing.assert_allclose(wide.top_log_probs, np.take_along_axis(allowed, wide.top_ids, 1), atol=1e-5)
+        assert caches[1].bound.width == 2 + 2 and caches[2].bound.width == wide.top_ids.shape[1] + 2
+
+
+def test_a_format_3_folder_is_served_with_its_fixed_top_k(model_dir: Path, tmp_path: Path) -> None:
+    """Folders exported before format 4 keep working: the same translations, greedy and beam, from a TopK that
+    always returns 19 candidates per row; the beams such a folder can serve stay bounded by them."""
+    old = as_format_3(model_dir, tmp_path / "format-3")
+    assert load_model_folder(old).manifest.format_version == 3
+    ours, theirs = OnnxRuntime(load_model_folder(old), "fp32"), OnnxRuntime(load_model_folder(model_dir), "fp32")
+    assert not ours.candidates.chosen and ours.candidates.most == 17 and ours.candidates.width(2) == 19
+    ids = load_model_folder(old).manifest.special_ids
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    rng = np.random.default_rng(4)
+    sources = [rng.integers(4, 90, n).tolist() + [ids.eos] for n in (3, 7, 5, 9)]
+    options = [SearchOptions(beam_size=b, max_new_tokens=12, n_best=b) for b in (1, 3, 1, 2)]
+    for got, expected in zip(
+        decode_batch(ours, sources, options, rules), decode_batch(theirs, sources, options, rules), strict=True
+    ):
+        assert [h.tokens for h in got] == [h.tokens for h in expected]
+        np.testing.assert_allclose([h.score for h in got], [h.score for h in expected], atol=1e-5)
+    assert Translator(load_model_folder(old), Settings(), Metrics(), runtime=ours).max_beam == 8
