@@ -20,20 +20,28 @@ from model_export.errors import ExportError
 from model_export.onnx_graphs import build_decoder_step, build_encoder
 from service.model_folder import FORMAT, MANIFEST, ModelFolder, load_model_folder, sha256_of
 
-ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder_step.onnx"
+ENCODER_FILE, DECODER_FILE, RAGGED_FILE = "encoder.onnx", "decoder_step.onnx", "decoder_step_ragged.onnx"
+GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged")  # a variant's graphs; the ragged step is optional
 
 
 def graph_entry(file: str, inputs: list[graph_io.TensorSpec], outputs: list[graph_io.TensorSpec]) -> dict:
     return {"file": file, "inputs": [s.to_dict() for s in inputs], "outputs": [s.to_dict() for s in outputs]}
 
 
-def variant_entry(checkpoint: Checkpoint, precision: str, encoder_file: str, decoder_file: str) -> dict:
+def variant_entry(checkpoint: Checkpoint, precision: str, encoder_file: str, decoder_file: str, ragged: str) -> dict:
     cfg = checkpoint.config
+    inputs = graph_io.decoder_inputs(cfg)
     return {
         "precision": precision,
         "encoder": graph_entry(encoder_file, graph_io.encoder_inputs(cfg), graph_io.encoder_outputs(cfg)),
-        "decoder_step": graph_entry(decoder_file, graph_io.decoder_inputs(cfg), graph_io.decoder_outputs(cfg)),
+        "decoder_step": graph_entry(decoder_file, inputs, graph_io.decoder_outputs(cfg)),
+        "decoder_step_ragged": graph_entry(ragged, inputs, graph_io.decoder_ragged_outputs(cfg)),
     }
+
+
+def variant_files(variant: dict) -> list[str]:
+    """The graph files of a variant (as the manifest's JSON), the shared initializers' files excluded."""
+    return [variant[graph]["file"] for graph in GRAPHS if variant.get(graph)]
 
 
 def file_entries(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
@@ -42,7 +50,7 @@ def file_entries(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
 
 def build_manifest(checkpoint: Checkpoint, folder: Path, name: str, version: str, variants: dict) -> dict:
     cfg, tok = checkpoint.config, checkpoint.tokenizer
-    files = sorted(set(tok.files) | {v[g]["file"] for v in variants.values() for g in ("encoder", "decoder_step")})
+    files = sorted(set(tok.files) | {file for v in variants.values() for file in variant_files(v)})
     return {
         "format": FORMAT,
         "format_version": graph_io.FORMAT_VERSION,
@@ -100,7 +108,8 @@ def add_variant(folder_path: Path, manifest: dict, variant: dict, written: list[
 
 
 def export_folder(checkpoint: Checkpoint, folder: Path, name: str, version: str) -> Path:
-    """Checkpoint -> folder with encoder.onnx, decoder_step.onnx, tokenizer files and manifest.json (fp32)."""
+    """Checkpoint -> folder with encoder.onnx, decoder_step.onnx, decoder_step_ragged.onnx, tokenizer files and
+    manifest.json (fp32)."""
     if folder.exists() and not folder.is_dir():
         raise ExportError(f"{folder} exists and is not a folder")
     folder.mkdir(parents=True, exist_ok=True)
@@ -108,8 +117,9 @@ def export_folder(checkpoint: Checkpoint, folder: Path, name: str, version: str)
     with torch.no_grad():
         onnx.save(build_encoder(model), folder / ENCODER_FILE)
         onnx.save(build_decoder_step(model), folder / DECODER_FILE)
+        onnx.save(build_decoder_step(model, ragged=True), folder / RAGGED_FILE)
     for file_name, content in checkpoint.tokenizer.files.items():
         (folder / file_name).write_bytes(content)
-    variants = {"fp32": variant_entry(checkpoint, "fp32", ENCODER_FILE, DECODER_FILE)}
+    variants = {"fp32": variant_entry(checkpoint, "fp32", ENCODER_FILE, DECODER_FILE, RAGGED_FILE)}
     write_manifest(folder, build_manifest(checkpoint, folder, name, version, variants))
     return folder

@@ -128,3 +128,16 @@ def decoder_outputs(cfg: TransformerConfig) -> list[TensorSpec]:
         specs.append(TensorSpec(f"present_key_{i}", "present_key", "float32", ("batch", h, "cache_len", dh), i))
         specs.append(TensorSpec(f"present_value_{i}", "present_value", "float32", ("batch", h, "cache_len", dh), i))
     return specs
+
+
+def decoder_ragged_outputs(cfg: TransformerConfig) -> list[TensorSpec]:
+    """The ragged step graph's (format 5: the step for batches whose sentences have one row each): the step graph's
+    outputs and, per layer, the cross-attention caches, which its GroupQueryAttention takes as its past and hands
+    back unchanged (bound to the inputs' memory, they are the inputs)."""
+    h, dh = cfg.n_heads, cfg.head_dim
+    specs = decoder_outputs(cfg)
+    for i in range(cfg.n_decoder_layers):
+        for role in ("key", "value"):
+            shape = ("sentences", h, "src_len", dh)
+            specs.append(TensorSpec(f"present_cross_{role}_{i}", f"present_cross_{role}", "float32", shape, i))
+    return specs

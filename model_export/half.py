@@ -55,6 +55,7 @@ def to_half(model: onnx.ModelProto, keep_float32: set[str]) -> onnx.ModelProto:
 def add_fp16_variant(folder_path: Path, make_default: bool = False) -> dict:
     """Converts the fp32 graphs into *.fp16.onnx files and adds variant 'fp16' to the manifest."""
     folder, manifest, variant = fp32_copy(folder_path, "fp16", "convert")
+    variant["decoder_step_ragged"] = None  # float16 runs on GPUs, where every step takes the general step graph
     for graph in ("encoder", "decoder_step"):
         spec = variant[graph]
         keep = {s["name"] for s in spec["outputs"] if s["role"] in FLOAT32_ROLES}

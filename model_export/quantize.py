@@ -12,11 +12,15 @@ import onnx
 from onnx import numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from model_export.export import add_variant, fp32_copy
+from model_export.export import GRAPHS, add_variant, fp32_copy, variant_files
 
 # With shared embeddings both int8 graphs quantize the same table the same way: it is written once, as ONNX
 # external data of both, and the server keeps one copy in memory (service.runtime.shared_initializers).
-EMBEDDING_TABLES = {"encoder": "src_embed.lut_quantized", "decoder_step": "tgt_embed.lut_quantized"}
+EMBEDDING_TABLES = {
+    "encoder": "src_embed.lut_quantized",
+    "decoder_step": "tgt_embed.lut_quantized",
+    "decoder_step_ragged": "tgt_embed.lut_quantized",
+}
 SHARED_EMBEDDINGS_FILE = "embeddings.int8.bin"
 
 
@@ -42,29 +46,31 @@ def add_int8_variant(
 ) -> dict:
     """Quantizes the fp32 graphs into *.int8.onnx files and adds variant 'int8' to the manifest."""
     folder, manifest, variant = fp32_copy(folder_path, "int8", "quantize")
-    for graph in ("encoder", "decoder_step"):
+    for graph in (g for g in GRAPHS if variant.get(g)):
         name = int8_name(variant[graph]["file"])
         quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings)
         variant[graph]["file"] = name
     shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one
     variant["shared_initializers"] = shared
-    written = [variant["encoder"]["file"], variant["decoder_step"]["file"]] + [i["file"] for i in shared]
+    written = variant_files(variant) + [i["file"] for i in shared]
     return add_variant(folder_path, manifest, variant, written, make_default)
 
 
 def share_embedding_table(folder: Path, variant: dict) -> list[dict]:
-    """Moves the int8 embedding table out of both graphs into one raw file that both reference as external data.
-    Returns the manifest's shared_initializers entry, or nothing when the two tables differ."""
-    models = {graph: onnx.load(folder / variant[graph]["file"]) for graph in EMBEDDING_TABLES}
+    """Moves the int8 embedding table out of the graphs (the encoder and the step graphs) into one raw file that
+    they all reference as external data. Returns the manifest's shared_initializers entry, or nothing when the
+    source and target tables differ."""
+    graphs = [graph for graph in EMBEDDING_TABLES if variant.get(graph)]
+    models = {graph: onnx.load(folder / variant[graph]["file"]) for graph in graphs}
     tensors = {
         graph: next((t for t in models[graph].graph.initializer if t.name == EMBEDDING_TABLES[graph]), None)
-        for graph in EMBEDDING_TABLES
+        for graph in graphs
     }
     if any(t is None for t in tensors.values()):
         return []
     tables = {graph: numpy_helper.to_array(t) for graph, t in tensors.items()}
     table = tables["encoder"]
-    if not np.array_equal(table, tables["decoder_step"]) or table.dtype.name not in ("uint8", "int8"):
+    if any(not np.array_equal(table, other) for other in tables.values()) or table.dtype.name not in ("uint8", "int8"):
         return []
     (folder / SHARED_EMBEDDINGS_FILE).write_bytes(np.ascontiguousarray(table).tobytes())
     for graph, tensor in tensors.items():
@@ -74,5 +80,5 @@ def share_embedding_table(folder: Path, variant: dict) -> list[dict]:
         for key, value in (("location", SHARED_EMBEDDINGS_FILE), ("offset", "0"), ("length", str(table.nbytes))):
             tensor.external_data.add(key=key, value=value)
         onnx.save(models[graph], folder / variant[graph]["file"])
-    names = {graph: EMBEDDING_TABLES[graph] for graph in EMBEDDING_TABLES}
+    names = {graph: EMBEDDING_TABLES[graph] for graph in graphs}
     return [{"file": SHARED_EMBEDDINGS_FILE, "dtype": table.dtype.name, "shape": list(table.shape), "names": names}]

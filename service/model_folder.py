@@ -21,9 +21,11 @@ MANIFEST = "manifest.json"
 FORMAT = "transformer-mt-model"
 # 2: cross-attention keys/values per sentence, rows grouped by sentence_rows/row_slots; 3: self-attention writes
 # the cache in place (present_key_i/present_value_i), self_mask and step_keys/step_values gone; 4: the step graph's
-# `top_k` input says how many candidates per row it returns (3: always 19). model_export writes FORMAT_VERSION
-# (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on (service/runtime.py, step_candidates).
-FORMAT_VERSION = 4
+# `top_k` input says how many candidates per row it returns (3: always 19); 5: a second step graph, for batches whose
+# sentences have one row each, whose cross-attention reads each sentence's own source length (`decoder_step_ragged`,
+# optional). model_export writes FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION
+# on (service/runtime.py: step_candidates, OnnxRuntime).
+FORMAT_VERSION = 5
 OLDEST_FORMAT_VERSION = 3
 ORT_DTYPES = {
     "tensor(float)": "float32",
@@ -69,13 +71,14 @@ class SharedInitializer(_Strict):
     file: str
     dtype: Literal["uint8", "int8", "float32"]
     shape: list[int]
-    names: dict[Literal["encoder", "decoder_step"], str]
+    names: dict[Literal["encoder", "decoder_step", "decoder_step_ragged"], str]
 
 
 class VariantSpec(_Strict):
     precision: str
     encoder: GraphSpec
     decoder_step: GraphSpec
+    decoder_step_ragged: GraphSpec | None = None  # format 5: the step for batches whose sentences have one row each
     shared_initializers: list[SharedInitializer] = []
 
 
@@ -164,7 +167,8 @@ class Manifest(_Strict):
         tok = self.tokenizer
         names = [tok.source_model, tok.target_model] + ([tok.vocabulary] if tok.vocabulary else [])
         for variant in self.variants.values():
-            names += [variant.encoder.file, variant.decoder_step.file] + [i.file for i in variant.shared_initializers]
+            graphs = (variant.encoder, variant.decoder_step, variant.decoder_step_ragged)
+            names += [graph.file for graph in graphs if graph] + [i.file for i in variant.shared_initializers]
         return names
 
 

@@ -36,6 +36,7 @@ class SessionSettings:
     inter_op_threads: int = 1
     allow_spinning: bool = False  # busy-waiting threads fight every other thread on a small CPU
     encoder_threads: int = 0  # intra-op threads of the encoder's session; 0: as intra_op_threads
+    ragged_step: bool = True  # open the folder's ragged step graph (format 5), if it has one: see OnnxRuntime.step
     experimental_gpu_fp16: bool = False  # run a float16 cache on CUDA although it failed its GPU tests (see below)
 
 
@@ -64,6 +65,7 @@ class Binding:
 
     full: bool  # log_probs bound too
     width: int  # candidates per row the graph returns, the banned ids among them
+    ragged: bool  # the ragged step graph's binding (cross-attention caches bound as its outputs too)
     binding: ort.IOBinding
     input_ids: np.ndarray  # (B,) bound; each step copies its tokens in
     outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, width)[, log_probs (B, V)], bound
@@ -106,7 +108,7 @@ def usable_providers(requested: tuple[str, ...]) -> list[str]:
 def shared_initializers(folder: ModelFolder, variant: VariantSpec) -> dict[str, dict[str, ort.OrtValue]]:
     """Per graph, the constants its variant shares with the other graph, each read once into one buffer (the
     embedding table of a model with shared embeddings: 30 MB int8 at the paper's size)."""
-    shared: dict[str, dict[str, ort.OrtValue]] = {"encoder": {}, "decoder_step": {}}
+    shared: dict[str, dict[str, ort.OrtValue]] = {"encoder": {}, "decoder_step": {}, "decoder_step_ragged": {}}
     for spec in variant.shared_initializers:
         path = folder.file(spec.file)
         try:
@@ -233,6 +235,11 @@ class OnnxRuntime:
         release_freed_memory()
         self.decoder = open_session(folder, spec.decoder_step, settings, self.shared["decoder_step"])
         release_freed_memory()
+        ragged = spec.decoder_step_ragged if settings.ragged_step else None  # format 5, and wanted
+        self.ragged = open_session(folder, ragged, settings, self.shared["decoder_step_ragged"]) if ragged else None
+        release_freed_memory()
+        roles = ("key", "value") if ragged else ()
+        self._ragged_present = {role: ragged.named(f"present_cross_{role}") for role in roles}  # type: ignore[union-attr]
         self.providers = self.decoder.get_providers()
         enc, dec = spec.encoder, spec.decoder_step
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
@@ -264,29 +271,34 @@ class OnnxRuntime:
     ) -> StepOutput:
         """One token per row. The graph writes each row's key and value of this step into the cache's own buffers
         (bound as both its self_key_i input and its present_key_i output), then the cache counts the step. The
-        (B, V) log-probs leave the graph only if `full`: searches need `candidates` per row, best first."""
+        (B, V) log-probs leave the graph only if `full`: searches need `candidates` per row, best first.
+        When every sentence has one row (greedy rows: rows == sentences) and the folder has a ragged step graph
+        (format 5), that graph runs instead: the same outputs, its cross-attention over each sentence's own source
+        length rather than the widest live one (at 32 clients of real text, 16 positions against 52)."""
         cache.make_room()  # a free slot per row, before the buffers are bound
         width = self.candidates.width(candidates)
+        ragged = self.ragged is not None and cache.rows == cache.sentences and not cache.on_gpu
         bound = cache.bound  # the cache drops it whenever the arrays it binds change
-        if bound is None or bound.full != full or bound.width != width:
-            bound = cache.bound = self._bind(cache, full, width)
+        if bound is None or bound.full != full or bound.width != width or bound.ragged != ragged:
+            bound = cache.bound = self._bind(cache, full, width, ragged)
         bound.input_ids[:] = input_ids  # (B,)
         if cache.on_gpu:
             cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
-        self.decoder.run_with_iobinding(bound.binding)
+        (self.ragged if ragged else self.decoder).run_with_iobinding(bound.binding)
         top_log_probs, top_ids, *rest = (array.copy() for array in bound.outputs)  # the next step rewrites them
         cache.advance()
         kept = min(candidates, self.candidates.most)
         top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.candidates.banned, kept)
         return StepOutput(top_log_probs, top_ids, *rest)
 
-    def _bind(self, cache: DecoderCache, full: bool, width: int) -> Binding:
+    def _bind(self, cache: DecoderCache, full: bool, width: int, ragged: bool) -> Binding:
         """The step's inputs and outputs bound to the cache's arrays and to output arrays of its rows: valid, and
         reused, until the cache's arrays change (rows joining or leaving, a buffer resized). In between, a step
         copies its tokens in and reads the outputs: `positions` is the cache's own `lengths`, which it counts in
         place, and the graph writes the cache's buffers in place (present_key_i bound to self_key_i's memory).
-        `width`: the top-K's candidates per row, the banned ids among them (format 4 is told; format 3's is fixed)."""
-        binding = self.decoder.io_binding()
+        `width`: the top-K's candidates per row, the banned ids among them (format 4 is told; format 3's is fixed).
+        `ragged`: for the ragged step graph, which also takes the cross-attention caches as outputs (in place)."""
+        binding = (self.ragged if ragged else self.decoder).io_binding()
         if self._dec_top_k is not None:
             binding.bind_ortvalue_input(self._dec_top_k, ortvalue(np.array([width], np.int64)))  # (1,)
         input_ids = np.zeros(cache.rows, np.int64)  # (B,) each step's tokens, copied in
@@ -306,8 +318,8 @@ class OnnxRuntime:
         if cache.on_gpu:
             bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
         else:
-            bind_host_cache(binding, self._dec_in, self._dec_present, cache)
-        return Binding(full, width, binding, input_ids, tuple(outputs.values()))
+            bind_host_cache(binding, self._dec_in, self._dec_present, cache, self._ragged_present if ragged else {})
+        return Binding(full, width, ragged, binding, input_ids, tuple(outputs.values()))
 
     def _outputs(self, rows: int, full: bool, width: int) -> dict[str, np.ndarray]:
         """Host arrays for the step's outputs, by name, top_log_probs and top_ids first; log_probs only if `full`.
@@ -318,12 +330,21 @@ class OnnxRuntime:
         return {s.name: np.empty((rows, int(widths[s.role])), s.dtype) for s in specs}  # (B, width) or (B, V)
 
 
-def bind_host_cache(binding: ort.IOBinding, inputs: dict, presents: dict, cache: DecoderCache) -> None:
+def bind_host_cache(
+    binding: ort.IOBinding, inputs: dict, presents: dict, cache: DecoderCache, cross_presents: dict
+) -> None:
     """The cache's numpy buffers as the step's inputs, and each self-attention buffer also as its present output:
-    the graph writes each row's new key and value into it, in place."""
-    for role, layers in (("cross_key", cache.cross_keys), ("cross_value", cache.cross_values)):
-        for name, layer in zip(inputs[role], layers, strict=True):
-            binding.bind_cpu_input(name, layer)  # (N, H, S, Dh) a contiguous view, not copied
+    the graph writes each row's new key and value into it, in place. `cross_presents` (the ragged step graph's):
+    the cross-attention buffers' present outputs, bound to the same memory likewise."""
+    for role, layers in (("key", cache.cross_keys), ("value", cache.cross_values)):
+        outputs = cross_presents.get(role, [None] * len(layers))
+        for name, present, layer in zip(inputs[f"cross_{role}"], outputs, layers, strict=True):
+            if present is None:
+                binding.bind_cpu_input(name, layer)  # (N, H, S, Dh) a contiguous view, not copied
+                continue
+            buffer = ortvalue(layer)  # (N, H, S, Dh): read, and its last source position rewritten as it was
+            binding.bind_ortvalue_input(name, buffer)
+            binding.bind_ortvalue_output(present, buffer)
     for role, layers in (("key", cache.self_keys), ("value", cache.self_values)):
         for past, present, layer in zip(inputs[f"self_{role}"], presents[role], layers, strict=True):
             buffer = ortvalue(layer)  # (B, H, T, Dh) the cache's memory: read, and written at each row's slot

@@ -327,6 +327,7 @@ def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:
         intra_op_threads(folder.manifest.config, settings),
         settings.inter_op_threads,
         encoder_threads=settings.encoder_session_threads(),
+        ragged_step=settings.ragged_step,
     )
     return OnnxRuntime(folder, settings.variant, session)
 

@@ -28,7 +28,7 @@ def test_a_good_folder_loads(model_dir: Path) -> None:
     assert folder.manifest.name == "tiny-en-fr"
     assert folder.manifest.default_variant == "fp32"
     assert folder.variant().decoder_step.one("log_probs") == "log_probs"
-    assert set(folder.manifest.files) == {"encoder.onnx", "decoder_step.onnx", "spm.model"}
+    assert set(folder.manifest.files) == {"encoder.onnx", "decoder_step.onnx", "decoder_step_ragged.onnx", "spm.model"}
 
 
 def test_missing_folder(tmp_path: Path) -> None:
@@ -76,8 +76,8 @@ def test_manifest_field_missing(folder: Path) -> None:
 
 
 def test_newer_format_version(folder: Path) -> None:
-    edit_manifest(folder, lambda m: m.update(format_version=5))
-    with pytest.raises(ModelFolderError, match="format_version 5 is newer than 4.*run a server as new"):
+    edit_manifest(folder, lambda m: m.update(format_version=6))
+    with pytest.raises(ModelFolderError, match="format_version 6 is newer than 5.*run a server as new"):
         load_model_folder(folder)
 
 

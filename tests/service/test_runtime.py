@@ -203,11 +203,15 @@ def test_a_step_reads_no_self_attention_slot_past_each_rows_length(model_dir: Pa
 
 
 def as_format_3(folder: Path, dest: Path, width: int = 19) -> Path:
-    """A copy of `folder` as format 3 wrote it: each step graph's TopK fixed at `width` candidates per row (17 and
-    the two banned ids), no `top_k` input."""
+    """A copy of `folder` as format 3 wrote it: the step graph's TopK fixed at `width` candidates per row (17 and
+    the two banned ids), no `top_k` input, no ragged step graph."""
     shutil.copytree(folder, dest)
     manifest = json.loads((dest / MANIFEST).read_text())
     for variant in manifest["variants"].values():
+        ragged = variant.pop("decoder_step_ragged", None)  # format 5's
+        if ragged:
+            (dest / ragged["file"]).unlink()
+            del manifest["files"][ragged["file"]]
         step = variant["decoder_step"]
         step["inputs"] = [spec for spec in step["inputs"] if spec["role"] != "top_k"]
         for spec in step["outputs"]:
@@ -270,3 +274,44 @@ def test_a_format_3_folder_is_served_with_its_fixed_top_k(model_dir: Path, tmp_p
         assert [h.tokens for h in got] == [h.tokens for h in expected]
         np.testing.assert_allclose([h.score for h in got], [h.score for h in expected], atol=1e-5)
     assert Translator(load_model_folder(old), Settings(), Metrics(), runtime=ours).max_beam == 8
+
+
+def test_the_ragged_step_reads_only_each_sentences_own_source(model_dir: Path) -> None:
+    """Format 5: when every sentence has one row, the ragged step graph runs: its cross-attention reads each
+    sentence's own source positions (GroupQueryAttention over the cached keys and values, bound in place), where
+    the step graph's reads the widest live source, masked. Same outputs; NaN in every cached position past a
+    sentence's source never reaches them, and the cross caches come back as they were. A beam sentence among
+    the rows sends the step to the step graph, and its end back."""
+    folder = load_model_folder(model_dir)
+    ours, theirs = OnnxRuntime(folder, "fp32"), OnnxRuntime(folder, "fp32", SessionSettings(ragged_step=False))
+    assert ours.ragged is not None and theirs.ragged is None
+    rng = np.random.default_rng(5)
+    cfg = folder.manifest.config
+    mine, reference = ours.new_cache(), theirs.new_cache()
+    for t in range(14):
+        if t in (0, 4, 9):  # sentences of different lengths join: the source axis is the longest live one's
+            lengths = {0: [3, 12], 4: [5], 9: [2, 7]}[t]
+            mask = np.arange(max(lengths))[None] < np.array(lengths)[:, None]  # (b, S') left-aligned
+            memory = ours.encode(np.where(mask, rng.integers(4, cfg.src_vocab_size, mask.shape), cfg.pad_id), mask)
+            for cache in (mine, reference):
+                cache.add(memory.keys, memory.values, mask)
+        if t == 6:  # a sentence's row becomes two beams: every step the step graph's until one leaves again
+            for cache in (mine, reference):
+                cache.select(np.array([0, 1, 1, 2]))
+        if t == 8:
+            for cache in (mine, reference):
+                cache.select(np.array([0, 1, 3]))
+        ragged = t not in (6, 7)
+        padding = ~mine.src_mask[:, None, :, None]  # (N, 1, S, 1)
+        for layer in (*mine.cross_keys, *mine.cross_values):  # (N, H, S, Dh): NaN for the ragged graph, else zeros
+            layer[np.broadcast_to(padding, layer.shape)] = np.nan if ragged else 0.0  # (MultiHeadAttention reads it)
+        before = [layer.copy() for layer in (*mine.cross_keys, *mine.cross_values)]
+        tokens = rng.integers(4, cfg.tgt_vocab_size, mine.rows)
+        got, expected = ours.step(tokens, mine, candidates=5), theirs.step(tokens, reference, candidates=5)
+        assert mine.bound.ragged == ragged and not reference.bound.ragged
+        assert np.isfinite(got.top_log_probs).all()
+        np.testing.assert_array_equal(got.top_ids, expected.top_ids)
+        np.testing.assert_allclose(got.top_log_probs, expected.top_log_probs, rtol=0, atol=1e-5)
+        for layer, old in zip((*mine.cross_keys, *mine.cross_values), before, strict=True):
+            np.testing.assert_array_equal(layer, old)  # NaN where it was: equal_nan by default for arrays
+    assert mine.sentences == 5 and mine.src_mask.shape[1] == 12
