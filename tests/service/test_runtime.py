@@ -277,11 +277,12 @@ def test_a_format_3_folder_is_served_with_its_fixed_top_k(model_dir: Path, tmp_p
 
 
 def test_the_ragged_step_reads_only_each_sentences_own_source(model_dir: Path) -> None:
-    """Format 5: when every sentence has one row, the ragged step graph runs: its cross-attention reads each
-    sentence's own source positions (GroupQueryAttention over the cached keys and values, bound in place), where
-    the step graph's reads the widest live source, masked. Same outputs; NaN in every cached position past a
-    sentence's source never reaches them, and the cross caches come back as they were. A beam sentence among
-    the rows sends the step to the step graph, and its end back."""
+    """Format 5: when every sentence has one row and at most half the source positions are real, the ragged step
+    graph runs: its cross-attention reads each sentence's own source positions (GroupQueryAttention over the cached
+    keys and values, bound in place), where the step graph's reads the widest live source, masked. Same outputs;
+    NaN in every cached position past a sentence's source never reaches them, and the cross caches come back as
+    they were. A beam sentence among the rows sends the step to the step graph, and its end back; so do sources
+    of much the same length."""
     folder = load_model_folder(model_dir)
     ours, theirs = OnnxRuntime(folder, "fp32"), OnnxRuntime(folder, "fp32", SessionSettings(ragged_step=False))
     assert ours.ragged is not None and theirs.ragged is None
@@ -290,17 +291,17 @@ def test_the_ragged_step_reads_only_each_sentences_own_source(model_dir: Path) -
     mine, reference = ours.new_cache(), theirs.new_cache()
     for t in range(14):
         if t in (0, 4, 9):  # sentences of different lengths join: the source axis is the longest live one's
-            lengths = {0: [3, 12], 4: [5], 9: [2, 7]}[t]
+            lengths = {0: [2, 3, 14], 4: [5], 9: [2, 7]}[t]
             mask = np.arange(max(lengths))[None] < np.array(lengths)[:, None]  # (b, S') left-aligned
             memory = ours.encode(np.where(mask, rng.integers(4, cfg.src_vocab_size, mask.shape), cfg.pad_id), mask)
             for cache in (mine, reference):
                 cache.add(memory.keys, memory.values, mask)
         if t == 6:  # a sentence's row becomes two beams: every step the step graph's until one leaves again
             for cache in (mine, reference):
-                cache.select(np.array([0, 1, 1, 2]))
+                cache.select(np.array([0, 1, 1, 2, 3]))
         if t == 8:
             for cache in (mine, reference):
-                cache.select(np.array([0, 1, 3]))
+                cache.select(np.array([0, 1, 3, 4]))
         ragged = t not in (6, 7)
         padding = ~mine.src_mask[:, None, :, None]  # (N, 1, S, 1)
         for layer in (*mine.cross_keys, *mine.cross_values):  # (N, H, S, Dh): NaN for the ragged graph, else zeros
@@ -314,4 +315,10 @@ def test_the_ragged_step_reads_only_each_sentences_own_source(model_dir: Path) -
         np.testing.assert_allclose(got.top_log_probs, expected.top_log_probs, rtol=0, atol=1e-5)
         for layer, old in zip((*mine.cross_keys, *mine.cross_values), before, strict=True):
             np.testing.assert_array_equal(layer, old)  # NaN where it was: equal_nan by default for arrays
-    assert mine.sentences == 5 and mine.src_mask.shape[1] == 12
+    assert mine.sentences == 6 and mine.src_mask.shape[1] == 14
+    even = ours.new_cache()  # two sources of one length: nothing to skip, the step graph runs
+    mask = np.ones((2, 9), np.bool_)
+    memory = ours.encode(rng.integers(4, cfg.src_vocab_size, mask.shape), mask)
+    even.add(memory.keys, memory.values, mask)
+    ours.step(rng.integers(4, cfg.tgt_vocab_size, 2), even)
+    assert not even.bound.ragged
