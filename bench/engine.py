@@ -75,10 +75,13 @@ class Ours:
         from service.engine import TokenRules
         from service.model_folder import load_model_folder
         from service.runtime import OnnxRuntime, SessionSettings
+        from service.settings import Settings
+        from service.translator import ragged_step
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
-        settings = SessionSettings(providers=providers, intra_op_threads=threads, experimental_gpu_fp16=True)
+        ragged = ragged_step(loaded.manifest.config, Settings())  # as the server would: MT_RAGGED_STEP, or by size
+        settings = SessionSettings(providers, threads, experimental_gpu_fp16=True, ragged_step=ragged)
         self.runtime = OnnxRuntime(loaded, variant, settings)  # fp16 on CUDA: its outputs are wrong (README "GPU")
         if self.runtime.providers[0] != providers[0]:
             raise SystemExit(f"ONNX Runtime cannot run on {device} here (it offers {self.runtime.providers})")

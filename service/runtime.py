@@ -37,6 +37,7 @@ class SessionSettings:
     allow_spinning: bool = False  # busy-waiting threads fight every other thread on a small CPU
     encoder_threads: int = 0  # intra-op threads of the encoder's session; 0: as intra_op_threads
     ragged_step: bool = True  # open the folder's ragged step graph (format 5), if it has one: see OnnxRuntime.step
+    # (the server decides by the decoder's size: service/translator.py, ragged_step)
     experimental_gpu_fp16: bool = False  # run a float16 cache on CUDA although it failed its GPU tests (see below)
 
 

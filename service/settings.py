@@ -71,11 +71,12 @@ class Settings(BaseSettings):
         "16 M multiply-adds per token, else 1 (a small model's steps are too short to share between cores)",
     )
     inter_op_threads: int = Field(1, ge=1)
-    ragged_step: bool = Field(
-        True,
-        description="open a model folder's ragged step graph (format 5) beside its step graph and run it for steps "
-        "whose sentences have one row each (greedy): its cross-attention reads each sentence's own source, not the "
-        "widest live one; false saves a second copy of the decoder's prepacked weights (52 MB at the paper's size)",
+    ragged_step: bool | None = Field(
+        None,
+        description="open a model folder's ragged step graph (format 5) beside its step graph and run it for greedy "
+        "steps over ragged sources: its cross-attention reads each sentence's own source, not the widest live one. "
+        "Its session holds a second copy of the decoder's prepacked weights (5 MB for the default model, 53 MB "
+        "int8 at the paper's size). Unset: for a decoder under 16 M multiply-adds per token",
     )
     encoder_threads: int = Field(
         0,

@@ -34,6 +34,7 @@ from service.translator import (
     decoder_streams,
     intra_op_threads,
     load_translators,
+    ragged_step,
 )
 
 
@@ -116,7 +117,10 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     monkeypatch.setenv("MT_MODELS", model_dir.name)
     [translator] = load_translators(Settings(engine_process=False), Metrics())  # the tiny test model
     assert translator.runtime.decoder.get_session_options().intra_op_num_threads == 1
+    assert translator.runtime.ragged is not None  # a small decoder: its ragged step graph too
     translator.scheduler.stop()
+    assert ragged_step(shipped, Settings()) and not ragged_step(paper, Settings())  # 5 MB twice, not 53
+    assert ragged_step(paper, Settings(ragged_step=True)) and not ragged_step(shipped, Settings(ragged_step=False))
 
 
 def test_available_cores_follow_a_cgroup_cpu_quota(tmp_path: Path) -> None:
