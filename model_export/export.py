@@ -39,9 +39,14 @@ def variant_entry(checkpoint: Checkpoint, precision: str, encoder_file: str, dec
     }
 
 
+def variant_graphs(variant: dict) -> list[str]:
+    """The graphs a variant (as the manifest's JSON) has: the encoder, the step graph, and the ragged one if any."""
+    return [graph for graph in GRAPHS if variant.get(graph)]
+
+
 def variant_files(variant: dict) -> list[str]:
     """The graph files of a variant (as the manifest's JSON), the shared initializers' files excluded."""
-    return [variant[graph]["file"] for graph in GRAPHS if variant.get(graph)]
+    return [variant[graph]["file"] for graph in variant_graphs(variant)]
 
 
 def file_entries(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:

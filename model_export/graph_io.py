@@ -23,7 +23,7 @@ Step decoder (once per generated token; rows may be at different steps):
                                                       repeats one of its rows
     row_slots    (batch,)                      int64  each row's place in the flattened sentence_rows
     top_k        (1,)                          int64  how many candidates per row to return, the banned ids
-                                                      among them (format 4; format 3 graphs return TOP_K + 2)
+                                                      among them (format 4; format 3 graphs always return 19)
  -> log_probs    (batch, tgt_vocab)            float32  log-softmax of the next token
     top_log_probs (batch, top_k)               float32  each row's top_k best log-probs, best first,
     top_ids      (batch, top_k)                int64    and their token ids (the banned ids, pad and the decoder

@@ -12,7 +12,7 @@ import onnx
 from onnx import numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from model_export.export import GRAPHS, add_variant, fp32_copy, variant_files
+from model_export.export import add_variant, fp32_copy, variant_files, variant_graphs
 
 # With shared embeddings both int8 graphs quantize the same table the same way: it is written once, as ONNX
 # external data of both, and the server keeps one copy in memory (service.runtime.shared_initializers).
@@ -46,7 +46,7 @@ def add_int8_variant(
 ) -> dict:
     """Quantizes the fp32 graphs into *.int8.onnx files and adds variant 'int8' to the manifest."""
     folder, manifest, variant = fp32_copy(folder_path, "int8", "quantize")
-    for graph in (g for g in GRAPHS if variant.get(g)):
+    for graph in variant_graphs(variant):
         name = int8_name(variant[graph]["file"])
         quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings)
         variant[graph]["file"] = name
@@ -60,7 +60,7 @@ def share_embedding_table(folder: Path, variant: dict) -> list[dict]:
     """Moves the int8 embedding table out of the graphs (the encoder and the step graphs) into one raw file that
     they all reference as external data. Returns the manifest's shared_initializers entry, or nothing when the
     source and target tables differ."""
-    graphs = [graph for graph in EMBEDDING_TABLES if variant.get(graph)]
+    graphs = [graph for graph in variant_graphs(variant) if graph in EMBEDDING_TABLES]
     models = {graph: onnx.load(folder / variant[graph]["file"]) for graph in graphs}
     tensors = {
         graph: next((t for t in models[graph].graph.initializer if t.name == EMBEDDING_TABLES[graph]), None)

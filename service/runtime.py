@@ -54,8 +54,9 @@ class Memory(NamedTuple):
 DEFAULT_CANDIDATES = 17  # clean candidates per row when a caller of `step` does not say (beam 8's)
 # The ragged step graph runs when at most this share of the source positions the step graph would attend are real
 # (the rest padding). Its cross-attention reads only the real ones but has a few more nodes: at 32 clients of real
-# text (a share of 0.31) the default model's server ran 1.075x faster with it; on length-sorted batches (~0.9) it was
-# 1-5 % slower. Standalone, at 28 sentences, its attention costs 126 against 306 us at 0.32, 77 against 84 at ~0.6.
+# text (a share of 0.31) the default model's server ran 1.035-1.075x faster with it; on length-sorted batches (~0.9)
+# it was 1-5 % slower. Standalone, at 28 sentences, its attention costs 126 against 306 us at 0.32, 77 against 84
+# at ~0.6.
 RAGGED_FILL = 0.5
 
 
@@ -242,10 +243,12 @@ class OnnxRuntime:
         self.decoder = open_session(folder, spec.decoder_step, settings, self.shared["decoder_step"])
         release_freed_memory()
         ragged = spec.decoder_step_ragged if settings.ragged_step else None  # format 5, and wanted
-        self.ragged = open_session(folder, ragged, settings, self.shared["decoder_step_ragged"]) if ragged else None
-        release_freed_memory()
-        roles = ("key", "value") if ragged else ()
-        self._ragged_present = {role: ragged.named(f"present_cross_{role}") for role in roles}  # type: ignore[union-attr]
+        self.ragged: ort.InferenceSession | None = None
+        self._ragged_present: dict[str, list[str]] = {}  # role -> present_cross_{role}_i, in layer order
+        if ragged is not None:
+            self.ragged = open_session(folder, ragged, settings, self.shared["decoder_step_ragged"])
+            release_freed_memory()
+            self._ragged_present = {role: ragged.named(f"present_cross_{role}") for role in ("key", "value")}
         self.providers = self.decoder.get_providers()
         enc, dec = spec.encoder, spec.decoder_step
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
