@@ -123,6 +123,33 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     assert ragged_step(paper, Settings(ragged_step=True)) and not ragged_step(shipped, Settings(ragged_step=False))
 
 
+def env_allocators(session: ort.InferenceSession) -> str | None:
+    try:
+        return session.get_session_options().get_session_config_entry("session.use_env_allocators")
+    except RuntimeError:  # never set
+        return None
+
+
+def test_the_cpu_sessions_draw_on_one_arena_for_the_process(model_dir: Path) -> None:
+    """One arena for every session (the ragged step graph's arena of its own had kept 45-55 MB more after a long
+    load, bench.soak); bench.soak measures the memory, this checks the sessions are opened to share it."""
+    folder = load_model_folder(model_dir)
+    shared, own = OnnxRuntime(folder), OnnxRuntime(folder, settings=SessionSettings(shared_arena=False))
+    assert shared.ragged is not None and own.ragged is not None
+    for runtime, entry in ((shared, "1"), (own, None)):
+        for session in (runtime.encoder, runtime.decoder, runtime.ragged):
+            assert env_allocators(session) == entry
+    ids = folder.manifest.special_ids
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    rng = np.random.default_rng(5)
+    sources = [rng.integers(4, 90, n).tolist() + [ids.eos] for n in (2, 11, 3, 4)]  # ragged: the ragged graph runs
+    options = [SearchOptions(beam_size=b, max_new_tokens=12) for b in (1, 1, 1, 3)]  # a beam: the step graph too
+    for got, expected in zip(
+        decode_batch(shared, sources, options, rules), decode_batch(own, sources, options, rules), strict=True
+    ):
+        assert [h.tokens for h in got] == [h.tokens for h in expected]
+
+
 def test_available_cores_follow_a_cgroup_cpu_quota(tmp_path: Path) -> None:
     cores = available_cores(tmp_path / "absent")  # no cgroup files: the CPUs this process may run on
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # a container's cpus: 1.5
