@@ -41,6 +41,7 @@ class SessionSettings:
     # (the server decides by the decoder's size: service/translator.py, ragged_step)
     experimental_gpu_fp16: bool = False  # run a float16 cache on CUDA although it failed its GPU tests (see below)
     shared_arena: bool = True  # CPU sessions draw on one process-wide arena (share_cpu_arena), not one each
+    profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON files named so (bench/step.py)
 
 
 CPU_DISABLED_FUSIONS = ["SkipLayerNormFusion"]
@@ -230,6 +231,8 @@ def open_session(
     options.enable_mem_pattern = False
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "1" if settings.allow_spinning else "0")
+    if settings.profile_prefix:
+        options.enable_profiling, options.profile_file_prefix = True, f"{settings.profile_prefix}-{graph.file}"
     path, providers = folder.file(graph.file), usable_providers(settings.providers)
     if settings.shared_arena and providers == ["CPUExecutionProvider"]:
         share_cpu_arena()

@@ -1,0 +1,113 @@
+"""Step profile: where one decoder step's time goes, by operator type, under ONNX Runtime's profiler. The runtime's
+own step (the same sessions, binding and cache as the server's), at the rows, cache length, source length and
+intra-op threads asked, one column per (rows, threads) pair: the figures behind the README's "What the time goes
+to". Random source ids, every source position real (so the step graph, not the ragged one), greedy rows unless
+--beam. Run it with nothing else on the machine; the profiler adds a little time to every node.
+
+    python -m bench.step                                                        # the default model, 32 rows
+    python -m bench.step --model runs/bench/paper/ours --rows 32,16,32 --threads 2,1,1   # after bench.engine paper
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from service.model_folder import load_model_folder
+from service.runtime import OnnxRuntime, SessionSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def profile_step(
+    folder: Path, variant: str | None, sentences: int, beam: int, threads: int, source: int, slots: int, steps: int
+) -> tuple[dict[str, tuple[int, float]], float]:
+    """{operator type: (nodes per step, µs per step)} over `steps` profiled steps taken after `slots` steps fill
+    the cache, and the wall time per profiled step in µs (the runtime's whole `step`, not only the graph)."""
+    loaded = load_model_folder(folder, verify_checksums=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = SessionSettings(
+            intra_op_threads=threads, encoder_threads=1, ragged_step=False, profile_prefix=str(Path(tmp) / "p")
+        )
+        runtime = OnnxRuntime(loaded, variant, settings)
+        rng = np.random.default_rng(0)
+        vocab = loaded.manifest.config.tgt_vocab_size
+        src_ids = rng.integers(4, loaded.manifest.config.src_vocab_size, (sentences, source))  # (N, S)
+        src_mask = np.ones((sentences, source), np.bool_)  # (N, S) every position real
+        memory = runtime.encode(src_ids, src_mask)  # (L, N, H, S, Dh) twice
+        cache = runtime.new_cache()
+        cache.add(memory.keys, memory.values, src_mask)
+        width = 2 if beam == 1 else 2 * beam + 1  # the candidates a search of this beam takes (decoding.candidates)
+        for step in range(slots):
+            runtime.step(rng.integers(4, vocab, cache.rows), cache, candidates=width)  # (B,) tokens
+            if step == 0 and beam > 1:
+                cache.select(np.repeat(np.arange(sentences), beam))  # (N x beam,) each sentence's beams
+        started = time.perf_counter()
+        for _ in range(steps):
+            runtime.step(rng.integers(4, vocab, cache.rows), cache, candidates=width)  # (B,)
+        wall = (time.perf_counter() - started) / steps * 1e6
+        events = json.loads(Path(runtime.decoder.end_profiling()).read_text())
+        del runtime, cache, memory
+        gc.collect()  # the other sessions write their (unread) profiles into tmp before it goes
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    per_run, rest = divmod(len(nodes), slots + steps)
+    if rest:
+        raise SystemExit(f"the profile holds {len(nodes)} node runs, not a whole number of steps")
+    by_type: dict[str, list[float]] = collections.defaultdict(list)
+    for event in nodes[-steps * per_run :]:
+        by_type[event["args"]["op_name"]].append(event["dur"])
+    return {op: (len(d) // steps, sum(d) / steps) for op, d in by_type.items()}, wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "en-fr", help="a model folder")
+    parser.add_argument("--variant", default=None, help="default: the folder's default variant")
+    parser.add_argument("--rows", default="32", help="comma-separated, one column each (with --threads)")
+    parser.add_argument("--threads", default="1", help="intra-op threads: one value, or one per --rows value")
+    parser.add_argument("--beam", type=int, default=1, help="rows per sentence; --rows must be a multiple")
+    parser.add_argument("--source", type=int, default=24, help="source tokens per sentence")
+    parser.add_argument("--slots", type=int, default=24, help="steps taken before the profiled ones")
+    parser.add_argument("--steps", type=int, default=10, help="profiled steps")
+    parser.add_argument("--top", type=int, default=12, help="operator types listed; the rest summed")
+    args = parser.parse_args(argv)
+    rows = [int(r) for r in args.rows.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    threads = threads * len(rows) if len(threads) == 1 else threads
+    if len(threads) != len(rows) or any(r % args.beam for r in rows):
+        parser.error("--threads takes one value or one per --rows value; every --rows value a multiple of --beam")
+    columns = [
+        profile_step(args.model, args.variant, r // args.beam, args.beam, t, args.source, args.slots, args.steps)
+        for r, t in zip(rows, threads, strict=True)
+    ]
+    total = collections.Counter()
+    for ops, _ in columns:
+        total.update({op: us for op, (_, us) in ops.items()})
+    listed = [op for op, _ in total.most_common(args.top)]
+    print(
+        f"{args.model.name}, beam {args.beam}, {args.source} source tokens, cache {args.slots}-"
+        f"{args.slots + args.steps} slots; ms per step (nodes)"
+    )
+    heads = [f"{r} rows, {t} thread{'s' if t > 1 else ''}" for r, t in zip(rows, threads, strict=True)]
+    print("| operator | " + " | ".join(heads) + " |\n|---|" + "---:|" * len(heads))
+    for op in listed:
+        cells = [f"{ops[op][1] / 1000:.2f} ({ops[op][0]})" if op in ops else "-" for ops, _ in columns]
+        print(f"| {op} | " + " | ".join(cells) + " |")
+    others = [sum(us for op, (_, us) in ops.items() if op not in listed) / 1000 for ops, _ in columns]
+    print("| the rest | " + " | ".join(f"{ms:.2f}" for ms in others) + " |")
+    graph = [sum(us for _, us in ops.values()) / 1000 for ops, _ in columns]
+    print("| all nodes | " + " | ".join(f"**{ms:.2f}**" for ms in graph) + " |")
+    print("| wall, the runtime's step | " + " | ".join(f"{wall / 1000:.2f}" for _, wall in columns) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

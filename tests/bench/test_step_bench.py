@@ -1,0 +1,32 @@
+"""bench.step profiles the runtime's own decoder step and prints each operator type's time per step."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bench import step
+
+
+def test_a_step_is_profiled_per_operator_for_each_rows_and_threads_column(
+    model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--model", str(model_dir), "--rows", "6,2", "--threads", "2,1", "--beam", "2"]
+    assert step.main(args + ["--source", "5", "--slots", "3", "--steps", "2", "--top", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "| operator | 6 rows, 2 threads | 2 rows, 1 thread |" in out
+    listed = re.findall(r"^\| (\w+) \| ([\d.]+) \((\d+)\) \| ([\d.]+) \((\d+)\) \|$", out, re.MULTILINE)
+    assert len(listed) == 4  # --top
+    assert {"GroupQueryAttention", "MultiHeadAttention"} <= {row[0] for row in listed}  # every step graph's attention
+    for _, _, nodes_a, _, nodes_b in listed:
+        assert int(nodes_a) == int(nodes_b) > 0  # the same graph in both columns
+    totals = re.search(r"^\| all nodes \| \*\*([\d.]+)\*\* \| \*\*([\d.]+)\*\* \|$", out, re.MULTILINE)
+    walls = re.search(r"^\| wall, the runtime's step \| ([\d.]+) \| ([\d.]+) \|$", out, re.MULTILINE)
+    assert totals and walls
+    for graph, wall in zip(totals.groups(), walls.groups(), strict=True):
+        assert 0 < float(graph) <= float(wall)  # the graph runs inside the runtime's step
+
+
+def test_rows_must_be_whole_beams(model_dir: Path) -> None:
+    with pytest.raises(SystemExit):
+        step.main(["--model", str(model_dir), "--rows", "5", "--beam", "2"])
