@@ -2,7 +2,8 @@
 own step (the same sessions, binding and cache as the server's), at the rows, cache length, source length and
 intra-op threads asked, one column per (rows, threads) pair: the figures behind the README's "What the time goes
 to". Random source ids, every source position real (so the step graph, not the ragged one), greedy rows unless
---beam. Run it with nothing else on the machine; the profiler adds a little time to every node.
+--beam. Run it with nothing else on the machine. The profiler costs a few µs per node: the last line, the same
+steps without it, says how much of a small step's profile that is.
 
     python -m bench.step                                                        # the default model, 32 rows
     python -m bench.step --model runs/bench/paper/ours --rows 32,16,32 --threads 2,1,1   # after bench.engine paper
@@ -17,6 +18,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,44 +29,59 @@ from service.runtime import OnnxRuntime, SessionSettings
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@dataclass(frozen=True)
+class Workload:
+    sentences: int
+    beam: int  # rows per sentence
+    source: int  # source tokens per sentence
+    slots: int  # steps taken before the timed ones
+    steps: int  # timed steps
+
+
+def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab: int) -> float:
+    """Encodes random sources, takes `slots` steps to fill the cache, then times `steps` more: µs per step of the
+    runtime's whole `step` (binding, the graph, its outputs), not only the graph."""
+    rng = np.random.default_rng(0)
+    src_ids = rng.integers(4, src_vocab, (work.sentences, work.source))  # (N, S)
+    src_mask = np.ones((work.sentences, work.source), np.bool_)  # (N, S) every position real
+    memory = runtime.encode(src_ids, src_mask)  # (L, N, H, S, Dh) twice
+    cache = runtime.new_cache()
+    cache.add(memory.keys, memory.values, src_mask)
+    width = 2 if work.beam == 1 else 2 * work.beam + 1  # what a search of this beam takes (decoding.candidates)
+    for step in range(work.slots):
+        runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width)  # (B,) tokens
+        if step == 0 and work.beam > 1:
+            cache.select(np.repeat(np.arange(work.sentences), work.beam))  # (N x beam,) each sentence's beams
+    started = time.perf_counter()
+    for _ in range(work.steps):
+        runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width)  # (B,)
+    return (time.perf_counter() - started) / work.steps * 1e6
+
+
 def profile_step(
-    folder: Path, variant: str | None, sentences: int, beam: int, threads: int, source: int, slots: int, steps: int
-) -> tuple[dict[str, tuple[int, float]], float]:
-    """{operator type: (nodes per step, µs per step)} over `steps` profiled steps taken after `slots` steps fill
-    the cache, and the wall time per profiled step in µs (the runtime's whole `step`, not only the graph)."""
+    folder: Path, variant: str | None, threads: int, work: Workload
+) -> tuple[dict[str, tuple[int, float]], float, float]:
+    """{operator type: (nodes per step, µs per step)} over the timed steps under ONNX Runtime's profiler, the wall
+    time per step in µs with the profiler on, and without it (the profiler's own cost per node is a few µs: at
+    small steps most of what it reports)."""
     loaded = load_model_folder(folder, verify_checksums=False)
+    cfg = loaded.manifest.config
+    settings = SessionSettings(intra_op_threads=threads, encoder_threads=1, ragged_step=False)
+    plain = timed_steps(OnnxRuntime(loaded, variant, settings), work, cfg.src_vocab_size, cfg.tgt_vocab_size)
     with tempfile.TemporaryDirectory() as tmp:
-        settings = SessionSettings(
-            intra_op_threads=threads, encoder_threads=1, ragged_step=False, profile_prefix=str(Path(tmp) / "p")
-        )
-        runtime = OnnxRuntime(loaded, variant, settings)
-        rng = np.random.default_rng(0)
-        vocab = loaded.manifest.config.tgt_vocab_size
-        src_ids = rng.integers(4, loaded.manifest.config.src_vocab_size, (sentences, source))  # (N, S)
-        src_mask = np.ones((sentences, source), np.bool_)  # (N, S) every position real
-        memory = runtime.encode(src_ids, src_mask)  # (L, N, H, S, Dh) twice
-        cache = runtime.new_cache()
-        cache.add(memory.keys, memory.values, src_mask)
-        width = 2 if beam == 1 else 2 * beam + 1  # the candidates a search of this beam takes (decoding.candidates)
-        for step in range(slots):
-            runtime.step(rng.integers(4, vocab, cache.rows), cache, candidates=width)  # (B,) tokens
-            if step == 0 and beam > 1:
-                cache.select(np.repeat(np.arange(sentences), beam))  # (N x beam,) each sentence's beams
-        started = time.perf_counter()
-        for _ in range(steps):
-            runtime.step(rng.integers(4, vocab, cache.rows), cache, candidates=width)  # (B,)
-        wall = (time.perf_counter() - started) / steps * 1e6
+        runtime = OnnxRuntime(loaded, variant, replace(settings, profile_prefix=str(Path(tmp) / "p")))
+        profiled = timed_steps(runtime, work, cfg.src_vocab_size, cfg.tgt_vocab_size)
         events = json.loads(Path(runtime.decoder.end_profiling()).read_text())
-        del runtime, cache, memory
+        del runtime
         gc.collect()  # the other sessions write their (unread) profiles into tmp before it goes
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    per_run, rest = divmod(len(nodes), slots + steps)
+    per_run, rest = divmod(len(nodes), work.slots + work.steps)
     if rest:
         raise SystemExit(f"the profile holds {len(nodes)} node runs, not a whole number of steps")
     by_type: dict[str, list[float]] = collections.defaultdict(list)
-    for event in nodes[-steps * per_run :]:
+    for event in nodes[-work.steps * per_run :]:
         by_type[event["args"]["op_name"]].append(event["dur"])
-    return {op: (len(d) // steps, sum(d) / steps) for op, d in by_type.items()}, wall
+    return {op: (len(d) // work.steps, sum(d) / work.steps) for op, d in by_type.items()}, profiled, plain
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,11 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(threads) != len(rows) or any(r % args.beam for r in rows):
         parser.error("--threads takes one value or one per --rows value; every --rows value a multiple of --beam")
     columns = [
-        profile_step(args.model, args.variant, r // args.beam, args.beam, t, args.source, args.slots, args.steps)
+        profile_step(
+            args.model, args.variant, t, Workload(r // args.beam, args.beam, args.source, args.slots, args.steps)
+        )
         for r, t in zip(rows, threads, strict=True)
     ]
     total = collections.Counter()
-    for ops, _ in columns:
+    for ops, _, _ in columns:
         total.update({op: us for op, (_, us) in ops.items()})
     listed = [op for op, _ in total.most_common(args.top)]
     print(
@@ -99,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     heads = [f"{r} rows, {t} thread{'s' if t > 1 else ''}" for r, t in zip(rows, threads, strict=True)]
     print("| operator | " + " | ".join(heads) + " |\n|---|" + "---:|" * len(heads))
     for op in listed:
-        cells = [f"{ops[op][1] / 1000:.2f} ({ops[op][0]})" if op in ops else "-" for ops, _ in columns]
+        cells = [f"{ops[op][1] / 1000:.2f} ({ops[op][0]})" if op in ops else "-" for ops, _, _ in columns]
         print(f"| {op} | " + " | ".join(cells) + " |")
-    others = [sum(us for op, (_, us) in ops.items() if op not in listed) / 1000 for ops, _ in columns]
+    others = [sum(us for op, (_, us) in ops.items() if op not in listed) / 1000 for ops, _, _ in columns]
     print("| the rest | " + " | ".join(f"{ms:.2f}" for ms in others) + " |")
-    graph = [sum(us for _, us in ops.values()) / 1000 for ops, _ in columns]
+    graph = [sum(us for _, us in ops.values()) / 1000 for ops, _, _ in columns]
     print("| all nodes | " + " | ".join(f"**{ms:.2f}**" for ms in graph) + " |")
-    print("| wall, the runtime's step | " + " | ".join(f"{wall / 1000:.2f}" for _, wall in columns) + " |")
+    print("| wall, the runtime's step | " + " | ".join(f"{wall / 1000:.2f}" for _, wall, _ in columns) + " |")
+    print("| wall, unprofiled | " + " | ".join(f"{plain / 1000:.2f}" for _, _, plain in columns) + " |")
     return 0
 
 

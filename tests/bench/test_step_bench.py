@@ -22,6 +22,7 @@ def test_a_step_is_profiled_per_operator_for_each_rows_and_threads_column(
         assert int(nodes_a) == int(nodes_b) > 0  # the same graph in both columns
     totals = re.search(r"^\| all nodes \| \*\*([\d.]+)\*\* \| \*\*([\d.]+)\*\* \|$", out, re.MULTILINE)
     walls = re.search(r"^\| wall, the runtime's step \| ([\d.]+) \| ([\d.]+) \|$", out, re.MULTILINE)
+    assert re.search(r"^\| wall, unprofiled \| [\d.]+ \| [\d.]+ \|$", out, re.MULTILINE)
     assert totals and walls
     for graph, wall in zip(totals.groups(), walls.groups(), strict=True):
         assert 0 < float(graph) <= float(wall)  # the graph runs inside the runtime's step
