@@ -9,6 +9,7 @@ server (`python -m service`) on a loopback port."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import shutil
@@ -25,7 +26,8 @@ from fastapi.testclient import TestClient
 
 from service import translator as translator_module
 from service.admission import Throughput
-from service.api import State, create_app
+from service.api import EarlyRefusal, State, create_app
+from service.metrics import Metrics
 from tests.service.test_api import fail_first_call, settings_for
 from tests.service.test_e2e import free_port, metric, running_server, start_server, wait_ready
 
@@ -308,14 +310,65 @@ def test_a_real_backlog_is_measured_and_refused_then_drains(model_dir: Path) -> 
 
 
 def test_too_many_requests_at_once_is_503(model_dir: Path) -> None:
-    with TestClient(create_app(settings_for(model_dir, max_concurrent_requests=2, retry_after_seconds=3))) as c:
+    settings = settings_for(
+        model_dir, max_concurrent_requests=2, retry_after_seconds=3, cors_origins=["https://a.example"]
+    )
+    with TestClient(create_app(settings)) as c:
         service_state(c).handling = 2  # two requests being handled
-        response = c.post("/translate", json=NORMAL)
+        response = c.post("/translate", json=NORMAL, headers={"x-request-id": "r-1", "origin": "https://a.example"})
         assert response.status_code == 503 and response.headers["retry-after"] == "3"
         assert response.json() == {"error": "too many requests at once (the limit is 2); retry later"}
-        assert 'mt_rejected_requests_total{reason="too_many_requests"} 1.0' in c.get("/metrics").text
+        assert response.headers["x-request-id"] == "r-1"  # refused before routing, inside the request context ...
+        assert response.headers["access-control-allow-origin"] == "https://a.example"  # ... and CORS
+        text = c.get("/metrics").text
+        assert 'mt_rejected_requests_total{reason="too_many_requests"} 1.0' in text  # counted once
+        requests = [line for line in text.splitlines() if line.startswith("mt_http_requests_total{")]
+        assert 'mt_http_requests_total{method="POST",route="/translate",status="503"} 1.0' in requests
         service_state(c).handling = 0
         answers_normally(c)
+
+
+def test_a_refusal_at_the_edge_never_reaches_the_routes(model_dir: Path) -> None:
+    """EarlyRefusal answers what State.admit refuses before FastAPI routes it (half the HTTP process's CPU per
+    refusal under a flood), and passes everything else on."""
+    state = State(settings_for(model_dir, max_concurrent_requests=1), Metrics())
+    state.ready, state.handling = True, 1
+    reached: list[str] = []
+
+    async def inner(scope: dict, receive: object, send: object) -> None:
+        reached.append(f"{scope['method']} {scope['path']}")
+
+    async def call(method: str, path: str) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        scope = {"type": "http", "method": method, "path": path, "headers": []}
+        await EarlyRefusal(inner, state, route="the route")(scope, receive, send)
+        return sent
+
+    refused = asyncio.run(call("POST", "/translate"))
+    assert reached == [] and refused[0]["status"] == 503
+    assert (b"retry-after", b"1") in refused[0]["headers"]
+    assert json.loads(refused[1]["body"]) == {"error": "too many requests at once (the limit is 1); retry later"}
+    assert asyncio.run(call("GET", "/translate")) == [] and asyncio.run(call("POST", "/v1/models")) == []
+    assert reached == ["GET /translate", "POST /v1/models"]  # not the refused kind: passed on
+    state.handling = 0
+    assert asyncio.run(call("POST", "/translate")) == [] and reached[-1] == "POST /translate"  # admitted
+    app = create_app(settings_for(model_dir, cors_origins=["https://a.example"]))
+    stack = [m.cls.__name__ for m in app.user_middleware]  # outermost first
+    assert stack == ["RequestContext", "CORSMiddleware", "EarlyRefusal"]  # refusals get an id, metrics and CORS
+
+
+def test_a_body_too_large_by_its_length_is_counted_as_too_large(model_dir: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir, max_body_bytes=1000))) as c:
+        response = c.post("/translate", content=b"x" * 2000, headers={"content-type": "application/json"})
+        assert response.status_code == 413
+        assert 'mt_rejected_requests_total{reason="too_large"} 1.0' in c.get("/metrics").text
 
 
 def test_draining_refuses_new_work_and_reports_not_ready(model_dir: Path) -> None:
