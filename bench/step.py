@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service.decoding import SearchOptions, candidates
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
 
@@ -47,7 +48,7 @@ def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab:
     memory = runtime.encode(src_ids, src_mask)  # (L, N, H, S, Dh) twice
     cache = runtime.new_cache()
     cache.add(memory.keys, memory.values, src_mask)
-    width = 2 if work.beam == 1 else 2 * work.beam + 1  # what a search of this beam takes (decoding.candidates)
+    width = candidates(SearchOptions(beam_size=work.beam))  # what a search of this beam takes from a step
     for step in range(work.slots):
         runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width)  # (B,) tokens
         if step == 0 and work.beam > 1:

@@ -199,8 +199,10 @@ def share_cpu_arena() -> None:
     `session.use_env_allocators` draw their activations from it instead of an arena each. An arena keeps every
     chunk it has grown to for the process's life, so with one per session the engine holds the largest step of
     each graph it has run: with the ragged step graph (format 5) a second arena of 45-55 MB on the default
-    model after a long load (bench.soak). One arena serves both graphs' steps, which never run at once on a
-    stream, from the same chunks."""
+    model after a long load (bench.soak). One arena serves the encoder's passes and both step graphs' steps from
+    the same chunks. Its price is one lock for the encoder thread and the decoding thread: served, 1-2.5 % of the
+    default model's throughput; the step graphs alone sharing it (the encoder on its own) kept that but not the
+    soak flat (README, the change table)."""
     global _arena_shared  # noqa: PLW0603 - ONNX Runtime's environment is process-wide too
     import onnxruntime as ort  # here, not at the top: see the module docstring
 
