@@ -17,7 +17,8 @@ def test_a_step_is_profiled_per_operator_for_each_rows_and_threads_column(
     assert "| operator | 6 rows, 2 threads | 2 rows, 1 thread |" in out
     listed = re.findall(r"^\| (\w+) \| ([\d.]+) \((\d+)\) \| ([\d.]+) \((\d+)\) \|$", out, re.MULTILINE)
     assert len(listed) == 4  # --top
-    assert {"GroupQueryAttention", "MultiHeadAttention"} <= {row[0] for row in listed}  # every step graph's attention
+    rest = re.search(r"^\| the rest \| ([\d.]+) \| ([\d.]+) \|$", out, re.MULTILINE)
+    assert rest and float(rest.group(1)) > 0  # what --top leaves out is summed, not dropped
     for _, _, nodes_a, _, nodes_b in listed:
         assert int(nodes_a) == int(nodes_b) > 0  # the same graph in both columns
     totals = re.search(r"^\| all nodes \| \*\*([\d.]+)\*\* \| \*\*([\d.]+)\*\* \|$", out, re.MULTILINE)
@@ -26,6 +27,15 @@ def test_a_step_is_profiled_per_operator_for_each_rows_and_threads_column(
     assert totals and walls
     for graph, wall in zip(totals.groups(), walls.groups(), strict=True):
         assert 0 < float(graph) <= float(wall)  # the graph runs inside the runtime's step
+
+
+def test_every_operator_type_is_listed_when_top_allows(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--model", str(model_dir), "--rows", "4", "--threads", "1", "--beam", "2", "--steps", "1", "--top", "99"]
+    assert step.main(args) == 0
+    out = capsys.readouterr().out
+    listed = {op for op in re.findall(r"^\| (\w+) \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)}
+    assert {"GroupQueryAttention", "MultiHeadAttention"} <= listed  # self- and cross-attention
+    assert re.search(r"^\| the rest \| 0.00 \|$", out, re.MULTILINE)
 
 
 def test_rows_must_be_whole_beams(model_dir: Path) -> None:
