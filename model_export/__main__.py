@@ -56,6 +56,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_from_folder(args: argparse.Namespace) -> int:
+    from model_export import checkpoint
+    from model_export.from_folder import checkpoint_from_folder
+
+    ckpt = checkpoint_from_folder(args.model_dir)
+    checkpoint.save(ckpt, args.out)
+    print(f"wrote {args.out} ({len(ckpt.state_dict)} tensors rebuilt from {args.model_dir}'s fp32 graphs)")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
@@ -238,6 +248,11 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--variant", help="graph variant to check (default: the manifest's default)")
     verify.add_argument("--tolerance", type=float, default=1e-4)
     verify.set_defaults(run=cmd_verify)
+
+    from_folder = sub.add_parser("from-folder", help="rebuild a checkpoint from a model folder's fp32 graphs")
+    from_folder.add_argument("--model-dir", type=Path, required=True)
+    from_folder.add_argument("--out", type=Path, required=True, help="the checkpoint to write")
+    from_folder.set_defaults(run=cmd_from_folder)
     _add_train(sub)
     _add_evaluate_and_quantize(sub)
     _add_marian(sub)
