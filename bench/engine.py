@@ -330,11 +330,15 @@ def prepare_paper(seed: int, engines: list[str]) -> Path:
 
 def prepare_default(checkpoint: Path) -> Path:
     """Our shipped model as it is; its checkpoint's weights in the Marian layout (transformers) and as
-    CTranslate2 models written through CTranslate2's spec API (its Marian converter cannot take ours)."""
+    CTranslate2 models written through CTranslate2's spec API (its Marian converter cannot take ours). Without
+    the checkpoint (a fresh clone), the weights are rebuilt, exactly, from the shipped folder's fp32 graphs."""
     base = WORK / "default"
-    if not checkpoint.is_file():
-        raise SystemExit(f"{checkpoint} not found: train the default model (README, 'The default model') first")
     export = [sys.executable, "-m", "model_export"]
+    if not checkpoint.is_file():
+        rebuilt = base / "from-folder.pt"
+        print(f"{checkpoint} not found: rebuilding the default model's weights from models/en-fr into {rebuilt}")
+        run_command(*export, "from-folder", "--model-dir", str(ROOT / "models" / "en-fr"), "--out", str(rebuilt))
+        checkpoint = rebuilt
     if not (base / "hf" / "config.json").exists():
         run_command(*export, "to-marian", "--checkpoint", str(checkpoint), "--out", str(base / "hf"))
     ours = base / "ours"
