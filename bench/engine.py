@@ -328,17 +328,20 @@ def prepare_paper(seed: int, engines: list[str]) -> Path:
     return base
 
 
-def prepare_default(checkpoint: Path) -> Path:
+def prepare_default(checkpoint: Path | None) -> Path:
     """Our shipped model as it is; its checkpoint's weights in the Marian layout (transformers) and as
     CTranslate2 models written through CTranslate2's spec API (its Marian converter cannot take ours). Without
     the checkpoint (a fresh clone), the weights are rebuilt, exactly, from the shipped folder's fp32 graphs."""
     base = WORK / "default"
     export = [sys.executable, "-m", "model_export"]
-    if not checkpoint.is_file():
-        rebuilt = base / "from-folder.pt"
-        print(f"{checkpoint} not found: rebuilding the default model's weights from models/en-fr into {rebuilt}")
-        run_command(*export, "from-folder", "--model-dir", str(ROOT / "models" / "en-fr"), "--out", str(rebuilt))
-        checkpoint = rebuilt
+    trained = ROOT / "runs" / "en-fr" / "final.pt"
+    if checkpoint is not None and not checkpoint.is_file():
+        raise SystemExit(f"--checkpoint {checkpoint}: no such file")
+    if checkpoint is None and not trained.is_file():
+        checkpoint = base / "from-folder.pt"
+        print(f"{trained} not found: rebuilding the default model's weights from models/en-fr into {checkpoint}")
+        run_command(*export, "from-folder", "--model-dir", str(ROOT / "models" / "en-fr"), "--out", str(checkpoint))
+    checkpoint = checkpoint or trained
     if not (base / "hf" / "config.json").exists():
         run_command(*export, "to-marian", "--checkpoint", str(checkpoint), "--out", str(base / "hf"))
     ours = base / "ours"
@@ -543,7 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences", type=int, default=256, help="sources at batch 32")
     parser.add_argument("--sentences-batch-1", type=int, default=32, help="sources at batch 1 (slow engines)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "en-fr" / "final.pt")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="default: runs/en-fr/final.pt, else rebuilt from models/en-fr (from-folder)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="default: real-text run")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every engine on the GPU")
