@@ -119,18 +119,19 @@ class DecoderCache:
         takes its parent's sentence: no source moves, except those of sentences that must fill the places of
         sentences no row attends to any more."""
         n = len(rows)
-        if n == self.rows and np.array_equal(rows, np.arange(n)):
-            return  # every row keeps its own state (greedy rows, none finished): nothing moves, the groups hold
-        self._reserve(n, self.sentences, self.src_mask.shape[1])
         moved = np.flatnonzero(rows != np.arange(n))  # (m,) rows that take another row's state
-        filled = int(self.lengths[rows[moved]].max(initial=0))  # the most slots a copied row has written
+        if n == self.rows and not moved.size:
+            return  # every row keeps its own state (greedy rows, none finished): nothing moves, the groups hold
+        parents = rows[moved]  # (m,)
+        if n > self.rows:
+            self._reserve(n, self.sentences, self.src_mask.shape[1])
+        filled = int(self.lengths[parents].max(initial=0))  # the most slots a copied row has written
         for name in ("self_keys", "self_values"):
-            self._copy_rows(name, moved, rows[moved], filled)
+            self._copy_rows(name, moved, parents, filled)
+        if n == self.rows and (self.sentence[parents] == self.sentence[moved]).all():
+            return  # beams changing parents within their sentences, whose rows all have the sentence's length:
+            # lengths, sentences and groups hold, and nothing can shrink
         lengths, sentence = self.lengths[rows], self.sentence[rows]  # (B',) each
-        if n == self.rows and np.array_equal(sentence, self.sentence):
-            self.lengths[:] = lengths  # beams changing parents within their sentences: same arrays, same groups
-            self._shrink()
-            return
         self._changed()
         self.lengths, self.sentence = lengths, sentence
         self._drop_sentences()

@@ -95,18 +95,18 @@ def test_min_new_tokens_forbids_an_early_eos(beam_size: int) -> None:
 
 
 def test_new_beams_stay_in_their_parents_rows_where_they_can() -> None:
-    assert stay_in_parent_rows(np.array([0, 0, 1, 2])).tolist() == [0, 2, 3, 1]  # one row copied, not three
-    assert stay_in_parent_rows(np.array([3, 2, 1, 0])).tolist() == [3, 2, 1, 0]  # nothing copied
-    assert stay_in_parent_rows(np.array([1, 1, 1, 1])).tolist() == [1, 0, 2, 3]
+    assert stay_in_parent_rows([0, 0, 1, 2]) == [0, 2, 3, 1]  # one row copied, not three
+    assert stay_in_parent_rows([3, 2, 1, 0]) == [3, 2, 1, 0]  # nothing copied
+    assert stay_in_parent_rows([1, 1, 1, 1]) == [1, 0, 2, 3]
     search = BeamSearch(start_id=0, eos_id=1, options=SearchOptions(beam_size=4))
-    search.sequences, search.scores, search.ranked = np.array([[5], [6], [7], [8]]), np.zeros(4), np.arange(4)
+    search.sequences, search.scores, search.ranked = [(5,), (6,), (7,), (8,)], [0.0] * 4, [0, 1, 2, 3]
     log_probs = np.full((4, 9), -9.0)  # (rows, K) best first per row; ids 10 + row * 10 + rank
     log_probs[0, :2], log_probs[1, 0], log_probs[2, 0] = [-0.1, -0.2], -0.3, -0.4
     ids = 10 + 10 * np.arange(4)[:, None] + np.arange(9)[None, :]
     parents = search.advance(np.sort(log_probs, axis=1)[:, ::-1], ids)
     assert parents.tolist() == [0, 1, 2, 0]  # rows 0-2 continue in place; the second child of row 0 takes row 3
-    assert search.sequences.tolist() == [[5, 10], [6, 20], [7, 30], [5, 11]]
-    assert search.ranked.tolist() == [0, 3, 1, 2]  # best first: -0.1 (row 0), -0.2 (row 3), -0.3, -0.4
+    assert search.sequences == [(5, 10), (6, 20), (7, 30), (5, 11)]
+    assert search.ranked == [0, 3, 1, 2]  # best first: -0.1 (row 0), -0.2 (row 3), -0.3, -0.4
 
 
 def test_greedy_rows_advance_at_once_as_one_at_a_time() -> None:
