@@ -138,6 +138,7 @@ class Candidates:
     (28 rows of 8,000: 134 us for 4, 238 us for 19). Format 3 always returns its fixed width (19)."""
 
     banned: np.ndarray  # (b,) ids the top-K may hold but no search may take: pad and the decoder start
+    is_banned: np.ndarray  # (V,) bool, True at the banned ids: one lookup per step finds them among the top-K
     most: int  # candidates per row left, at most, once the banned ones are dropped
     chosen: bool  # the graph has a `top_k` input (format 4)
 
@@ -151,8 +152,11 @@ def step_candidates(folder: ModelFolder, variant: VariantSpec) -> Candidates:
     banned = np.array(sorted({ids.pad, ids.decoder_start}), np.int64)
     chosen = any(s.role == "top_k" for s in variant.decoder_step.inputs)
     width = next(s for s in variant.decoder_step.outputs if s.role == "top_ids").shape[1]  # "top_k", or fixed
-    most = folder.manifest.config.tgt_vocab_size if chosen else int(width)
-    return Candidates(banned, most - len(banned), chosen)
+    vocabulary = folder.manifest.config.tgt_vocab_size
+    is_banned = np.zeros(vocabulary, np.bool_)  # (V,)
+    is_banned[banned] = True
+    most = vocabulary if chosen else int(width)
+    return Candidates(banned, is_banned, most - len(banned), chosen)
 
 
 def refuse_unverified_gpu_fp16(providers: list[str], cache_dtype: str, allowed: bool, where: Path) -> None:
@@ -329,7 +333,7 @@ class OnnxRuntime:
         top_log_probs, top_ids, *rest = (array.copy() for array in bound.outputs)  # the next step rewrites them
         cache.advance()
         kept = min(candidates, self.candidates.most)
-        top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.candidates.banned, kept)
+        top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.candidates.is_banned, kept)
         return StepOutput(top_log_probs, top_ids, *rest)
 
     def _ragged_fits(self, cache: DecoderCache) -> bool:
@@ -412,11 +416,10 @@ def bind_gpu_cache(binding: ort.IOBinding, inputs: dict, presents: dict, cache: 
             binding.bind_output(present, "cuda", device, layer.dtype, shape, layer.data.ptr)
 
 
-def drop_banned(top_log_probs: np.ndarray, top_ids: np.ndarray, banned: np.ndarray, k: int) -> tuple:
-    """Each row's best k candidates without the banned ids, still best first: (B, K + b) -> (B, k)."""
-    bad = top_ids == banned[0]  # (B, K + b); two ids: comparisons cost a fifth of np.isin at 32 rows
-    for banned_id in banned[1:]:
-        bad |= top_ids == banned_id
+def drop_banned(top_log_probs: np.ndarray, top_ids: np.ndarray, is_banned: np.ndarray, k: int) -> tuple:
+    """Each row's best k candidates without the banned ids, still best first: (B, K + b) -> (B, k). `is_banned`
+    (V,): one lookup finds them (a comparison per banned id and their union took 2.4x as long)."""
+    bad = is_banned[top_ids]  # (B, K + b)
     if not bad.any():
         return top_log_probs[:, :k], top_ids[:, :k]
     order = np.argsort(bad, axis=1, kind="stable")[:, :k]  # (B, k) the allowed ones, in their order
