@@ -107,7 +107,9 @@ class Transformers:
     def __init__(self, hf_dir: Path, device: str = "cpu", dtype: str = "float32") -> None:
         import torch
         from transformers import MarianMTModel
+        from transformers.utils import logging
 
+        logging.set_verbosity_error()  # else each generate() warns that max_new_tokens overrides max_length
         torch.set_num_threads(THREADS)
         self.torch = torch
         self.model = MarianMTModel.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval().to(device)
