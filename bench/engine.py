@@ -557,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-forced", action="store_true", help="default: only the real-text run")
     args = parser.parse_args(argv)
     which = (args.engines or (GPU_ENGINES if args.device == "cuda" else CPU_ENGINES)).split(",")
+    real_text_run = args.model == "default" and (args.corpus / "test.en").is_file()
+    if args.model == "default" and not real_text_run:
+        print(f"{args.corpus / 'test.en'} not found: no real-text run (python -m model_export.corpus build makes it)")
     base = prepare_paper(args.seed, which) if args.model == "paper" else prepare_default(args.checkpoint)
     sources = random_sources(base / "hf", max(args.sentences, args.sentences_batch_1), 24, args.seed)
     settings = [
@@ -567,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = start_engines(base, which, args.device)
     try:
         results = [] if args.skip_forced else benchmark(engines, sources, settings, args.rounds)
-        real = real_text(engines, args.corpus, args.rounds) if args.model == "default" else ""
+        real = real_text(engines, args.corpus, args.rounds) if real_text_run else ""
     finally:
         for engine in engines:
             engine.close()
