@@ -5,6 +5,7 @@ period), then the process exits 0; a second one stops at once."""
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -67,6 +68,17 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def settle_garbage_collector() -> None:
+    """Once the models are loaded and the app built: everything alive now (modules, FastAPI's routes, pydantic's
+    schemas, the tokenizers) leaves the cyclic collector's generations for good, and a young-object collection
+    waits for 20,000 new objects instead of 700. A request makes a few thousand short-lived objects, nearly all
+    freed by reference counting before any collection sees them; at 32 clients the collector had taken 7.5 % of
+    the HTTP process's CPU (perf), 5.5 % with the freeze alone, 1.3 % with both (README, the change table)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
@@ -81,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("service").error("cannot start: %s", error)
         return 1
     app = create_app(settings, translators, metrics)
+    settle_garbage_collector()
     config = uvicorn.Config(
         app,
         host=args.host,

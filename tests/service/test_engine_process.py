@@ -236,3 +236,13 @@ def test_the_server_process_does_not_load_onnx_runtime() -> None:
     """With engine processes, the server's own process holds HTTP, text and tokens only."""
     code = "import sys, service.__main__, service.api; sys.exit('onnxruntime' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_the_server_process_settles_its_garbage_collector() -> None:
+    """Once loaded, the server's objects leave the cyclic collector's generations and young collections are rarer
+    (at 32 clients the collector had taken 7.5 % of the HTTP process's CPU)."""
+    code = (
+        "import gc, sys, service.__main__ as server; server.settle_garbage_collector(); "
+        "sys.exit(0 if gc.get_freeze_count() > 1000 and gc.get_threshold()[0] == 20_000 else 1)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
