@@ -340,9 +340,10 @@ def prepare_default(checkpoint: Path | None) -> Path:
     if checkpoint is not None and not checkpoint.is_file():
         raise SystemExit(f"--checkpoint {checkpoint}: no such file")
     if checkpoint is None and not trained.is_file():
-        checkpoint = base / "from-folder.pt"
-        print(f"{trained} not found: rebuilding the default model's weights from models/en-fr into {checkpoint}")
-        run_command(*export, "from-folder", "--model-dir", str(ROOT / "models" / "en-fr"), "--out", str(checkpoint))
+        checkpoint = base / "from-folder.pt"  # built once, as the Marian and CTranslate2 copies below are
+        if not checkpoint.is_file():
+            print(f"{trained} not found: rebuilding the default model's weights from models/en-fr into {checkpoint}")
+            run_command(*export, "from-folder", "--model-dir", str(ROOT / "models" / "en-fr"), "--out", str(checkpoint))
     checkpoint = checkpoint or trained
     if not (base / "hf" / "config.json").exists():
         run_command(*export, "to-marian", "--checkpoint", str(checkpoint), "--out", str(base / "hf"))
