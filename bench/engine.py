@@ -80,8 +80,11 @@ class Ours:
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
-        ragged = ragged_step(loaded.manifest.config, Settings())  # as the server would: MT_RAGGED_STEP, or by size
-        settings = SessionSettings(providers, threads, experimental_gpu_fp16=True, ragged_step=ragged)
+        server = Settings()  # as the server would: MT_RAGGED_STEP (or by size), MT_SINGLE_ROW_STEP
+        ragged = ragged_step(loaded.manifest.config, server)
+        settings = SessionSettings(
+            providers, threads, experimental_gpu_fp16=True, ragged_step=ragged, single_row_step=server.single_row_step
+        )
         self.runtime = OnnxRuntime(loaded, variant, settings)  # fp16 on CUDA: its outputs are wrong (README "GPU")
         if self.runtime.providers[0] != providers[0]:
             raise SystemExit(f"ONNX Runtime cannot run on {device} here (it offers {self.runtime.providers})")

@@ -21,7 +21,9 @@ from model_export.onnx_graphs import build_decoder_step, build_encoder
 from service.model_folder import FORMAT, MANIFEST, ModelFolder, load_model_folder, sha256_of
 
 ENCODER_FILE, DECODER_FILE, RAGGED_FILE = "encoder.onnx", "decoder_step.onnx", "decoder_step_ragged.onnx"
-GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged")  # a variant's graphs; the ragged step is optional
+# a variant's graphs; the ragged step (format 5) and the one-row step (format 6, int8 only: model_export/quantize.py)
+# are optional
+GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single")
 
 
 def graph_entry(file: str, inputs: list[graph_io.TensorSpec], outputs: list[graph_io.TensorSpec]) -> dict:
@@ -40,7 +42,7 @@ def variant_entry(checkpoint: Checkpoint, precision: str, encoder_file: str, dec
 
 
 def variant_graphs(variant: dict) -> list[str]:
-    """The graphs a variant (as the manifest's JSON) has: the encoder, the step graph, and the ragged one if any."""
+    """The graphs a variant (as the manifest's JSON) has: the encoder, the step graph, and the optional ones it has."""
     return [graph for graph in GRAPHS if variant.get(graph)]
 
 

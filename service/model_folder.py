@@ -23,9 +23,10 @@ FORMAT = "transformer-mt-model"
 # the cache in place (present_key_i/present_value_i), self_mask and step_keys/step_values gone; 4: the step graph's
 # `top_k` input says how many candidates per row it returns (3: always 19); 5: a second step graph, for batches whose
 # sentences have one row each, whose cross-attention reads each sentence's own source length (`decoder_step_ragged`,
-# optional). model_export writes FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION
-# on (service/runtime.py: step_candidates, OnnxRuntime).
-FORMAT_VERSION = 5
+# optional); 6: a third step graph, for steps of one row, whose products read 8-bit weights in blocks
+# (`decoder_step_single`, optional, int8 variants). model_export writes FORMAT_VERSION (graph_io); the server reads
+# every format from OLDEST_FORMAT_VERSION on (service/runtime.py: step_candidates, OnnxRuntime).
+FORMAT_VERSION = 6
 OLDEST_FORMAT_VERSION = 3
 ORT_DTYPES = {
     "tensor(float)": "float32",
@@ -71,7 +72,7 @@ class SharedInitializer(_Strict):
     file: str
     dtype: Literal["uint8", "int8", "float32"]
     shape: list[int]
-    names: dict[Literal["encoder", "decoder_step", "decoder_step_ragged"], str]
+    names: dict[Literal["encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single"], str]
 
 
 class VariantSpec(_Strict):
@@ -79,6 +80,7 @@ class VariantSpec(_Strict):
     encoder: GraphSpec
     decoder_step: GraphSpec
     decoder_step_ragged: GraphSpec | None = None  # format 5: the step for batches whose sentences have one row each
+    decoder_step_single: GraphSpec | None = None  # format 6: the step for one row (the step graph's inputs and outputs)
     shared_initializers: list[SharedInitializer] = []
 
 
@@ -167,7 +169,7 @@ class Manifest(_Strict):
         tok = self.tokenizer
         names = [tok.source_model, tok.target_model] + ([tok.vocabulary] if tok.vocabulary else [])
         for variant in self.variants.values():
-            graphs = (variant.encoder, variant.decoder_step, variant.decoder_step_ragged)
+            graphs = (variant.encoder, variant.decoder_step, variant.decoder_step_ragged, variant.decoder_step_single)
             names += [graph.file for graph in graphs if graph] + [i.file for i in variant.shared_initializers]
         return names
 

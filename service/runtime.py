@@ -39,6 +39,7 @@ class SessionSettings:
     encoder_threads: int = 0  # intra-op threads of the encoder's session; 0: as intra_op_threads
     ragged_step: bool = True  # open the folder's ragged step graph (format 5), if it has one: see OnnxRuntime.step
     # (the server decides by the decoder's size: service/translator.py, ragged_step)
+    single_row_step: bool = True  # open the folder's step graph for one row (format 6), if it has one (CPU only)
     experimental_gpu_fp16: bool = False  # run a float16 cache on CUDA although it failed its GPU tests (see below)
     shared_arena: bool = True  # CPU sessions draw on one process-wide arena (share_cpu_arena), not one each
     profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON files named so (bench/step.py)
@@ -75,10 +76,15 @@ class Binding:
 
     full: bool  # log_probs bound too
     width: int  # candidates per row the graph returns, the banned ids among them
-    ragged: bool  # the ragged step graph's binding (cross-attention caches bound as its outputs too)
+    graph: str  # the step graph bound: decoder_step, decoder_step_ragged or decoder_step_single
     binding: ort.IOBinding
     input_ids: np.ndarray  # (B,) bound; each step copies its tokens in
     outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, width)[, log_probs (B, V)], bound
+
+    @property
+    def ragged(self) -> bool:
+        """The ragged step graph's binding (cross-attention caches bound as its outputs too)."""
+        return self.graph == "decoder_step_ragged"
 
 
 class Runtime(Protocol):
@@ -118,7 +124,8 @@ def usable_providers(requested: tuple[str, ...]) -> list[str]:
 def shared_initializers(folder: ModelFolder, variant: VariantSpec) -> dict[str, dict[str, ort.OrtValue]]:
     """Per graph, the constants its variant shares with the other graph, each read once into one buffer (the
     embedding table of a model with shared embeddings: 30 MB int8 at the paper's size)."""
-    shared: dict[str, dict[str, ort.OrtValue]] = {"encoder": {}, "decoder_step": {}, "decoder_step_ragged": {}}
+    graphs = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single")
+    shared: dict[str, dict[str, ort.OrtValue]] = {graph: {} for graph in graphs}
     for spec in variant.shared_initializers:
         path = folder.file(spec.file)
         try:
@@ -285,6 +292,15 @@ class OnnxRuntime:
             release_freed_memory()
             self._ragged_present = {role: ragged.named(f"present_cross_{role}") for role in ("key", "value")}
         self.providers = self.decoder.get_providers()
+        on_cpu = self.providers == ["CPUExecutionProvider"]
+        single = spec.decoder_step_single if settings.single_row_step and on_cpu else None  # format 6, and wanted
+        self.single: ort.InferenceSession | None = None
+        if single is not None:
+            self.single = open_session(folder, single, settings, self.shared["decoder_step_single"])
+            release_freed_memory()
+        self._steps = {
+            "decoder_step": self.decoder, "decoder_step_ragged": self.ragged, "decoder_step_single": self.single
+        }
         enc, dec = spec.encoder, spec.decoder_step
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
         self._enc_out = enc.named("cross_key") + enc.named("cross_value")
@@ -319,22 +335,30 @@ class OnnxRuntime:
         When every sentence has one row (greedy rows: rows == sentences) and the folder has a ragged step graph
         (format 5), that graph runs instead when the sources are ragged enough (RAGGED_FILL): the same outputs, its
         cross-attention over each sentence's own source length rather than the widest live one (at 32 clients of
-        real text, 16 positions against 52). The choice is made when the cache's arrays are bound: rows, sentences
-        and sources change only with a new binding."""
+        real text, 16 positions against 52). A step of one row runs the folder's step graph for one row (format 6)
+        if it has one: the same outputs, its products over 8-bit weights in blocks, which ONNX Runtime reads faster
+        for one row (from two rows up, slower). The choice is made when the cache's arrays are bound: rows,
+        sentences and sources change only with a new binding."""
         cache.make_room()  # a free slot per row, before the buffers are bound
         width = self.candidates.width(candidates)
         bound = cache.bound  # the cache drops it whenever the arrays it binds change
         if bound is None or bound.full != full or bound.width != width:
-            bound = cache.bound = self._bind(cache, full, width, self._ragged_fits(cache))
+            bound = cache.bound = self._bind(cache, full, width, self._step_graph(cache))
         bound.input_ids[:] = input_ids  # (B,)
         if cache.on_gpu:
             cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
-        (self.ragged if bound.ragged else self.decoder).run_with_iobinding(bound.binding)
+        self._steps[bound.graph].run_with_iobinding(bound.binding)
         top_log_probs, top_ids, *rest = (array.copy() for array in bound.outputs)  # the next step rewrites them
         cache.advance()
         kept = min(candidates, self.candidates.most)
         top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.candidates.is_banned, kept)
         return StepOutput(top_log_probs, top_ids, *rest)
+
+    def _step_graph(self, cache: DecoderCache) -> str:
+        """Which step graph runs this cache's steps (see step)."""
+        if self.single is not None and cache.rows == 1 and not cache.on_gpu:
+            return "decoder_step_single"
+        return "decoder_step_ragged" if self._ragged_fits(cache) else "decoder_step"
 
     def _ragged_fits(self, cache: DecoderCache) -> bool:
         """Whether the ragged step graph can run this cache's step (one row per sentence, host memory) and pays: at
@@ -342,14 +366,16 @@ class OnnxRuntime:
         one_row_each = cache.rows == cache.sentences  # every sentence has a row, so one each
         return self.ragged is not None and one_row_each and not cache.on_gpu and cache.src_mask.mean() <= RAGGED_FILL
 
-    def _bind(self, cache: DecoderCache, full: bool, width: int, ragged: bool) -> Binding:
+    def _bind(self, cache: DecoderCache, full: bool, width: int, graph: str) -> Binding:
         """The step's inputs and outputs bound to the cache's arrays and to output arrays of its rows: valid, and
         reused, until the cache's arrays change (rows joining or leaving, a buffer resized). In between, a step
         copies its tokens in and reads the outputs: `positions` is the cache's own `lengths`, which it counts in
         place, and the graph writes the cache's buffers in place (present_key_i bound to self_key_i's memory).
         `width`: the top-K's candidates per row, the banned ids among them (format 4 is told; format 3's is fixed).
-        `ragged`: for the ragged step graph, which also takes the cross-attention caches as outputs (in place)."""
-        binding = (self.ragged if ragged else self.decoder).io_binding()
+        `graph`: the step graph to bind (see step); the ragged one also takes the cross-attention caches as outputs
+        (in place)."""
+        binding = self._steps[graph].io_binding()
+        ragged = graph == "decoder_step_ragged"
         if self._dec_top_k is not None:
             binding.bind_ortvalue_input(self._dec_top_k, ortvalue(np.array([width], np.int64)))  # (1,)
         input_ids = np.zeros(cache.rows, np.int64)  # (B,) each step's tokens, copied in
@@ -370,7 +396,7 @@ class OnnxRuntime:
             bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
         else:
             bind_host_cache(binding, self._dec_in, self._dec_present, cache, self._ragged_present if ragged else {})
-        return Binding(full, width, ragged, binding, input_ids, tuple(outputs.values()))
+        return Binding(full, width, graph, binding, input_ids, tuple(outputs.values()))
 
     def _outputs(self, rows: int, full: bool, width: int) -> dict[str, np.ndarray]:
         """Host arrays for the step's outputs, by name, top_log_probs and top_ids first; log_probs only if `full`.

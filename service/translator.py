@@ -336,6 +336,7 @@ def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:
         settings.inter_op_threads,
         encoder_threads=settings.encoder_session_threads(),
         ragged_step=ragged_step(folder.manifest.config, settings),
+        single_row_step=settings.single_row_step,
     )
     return OnnxRuntime(folder, settings.variant, session)
 

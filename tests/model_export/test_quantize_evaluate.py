@@ -8,9 +8,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 
 from model_export.evaluate import evaluate, same_placeholders, translate_all
-from model_export.quantize import add_int8_variant
+from model_export.quantize import add_int8_variant, blockwise_8bit
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
 from service.errors import ModelFolderError
@@ -100,3 +101,77 @@ def test_translate_all_in_two_streams_gives_the_same_translations(model_dir: Pat
     one, tokens, _ = translate_all(model_dir, sources, "fp32", 1, 8, 2)
     two, tokens_two, _ = translate_all(model_dir, sources, "fp32", 1, 8, 2, streams=2)  # sub-batches of 4 at once
     assert two == one and tokens_two == tokens and all(one)
+
+
+def test_blockwise_8bit_codes_reproduce_the_weights_and_run_in_matmulnbits() -> None:
+    """MatMulNBits' 8-bit form: a scale per column and block of K, codes around 128 (its default zero point for 8
+    bits, none stored). K = 200 pads to two blocks of 128; an all-zero column stays zero. The node's one-row
+    product matches numpy's over the dequantized weights, and the fp32 weights within int8's error."""
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((200, 24)).astype(np.float32)  # (K, N)
+    weight[:, 5] = 0.0
+    codes, scales = blockwise_8bit(weight, 128)
+    assert codes.shape == (24, 2, 128) and codes.dtype == np.uint8 and scales.shape == (48,)
+    dequantized = ((codes.astype(np.float32) - 128) * scales.reshape(24, 2, 1)).reshape(24, 256).T  # (K', N)
+    assert np.all(dequantized[200:] == 0) and np.all(dequantized[:, 5] == 0)
+    half_step = np.repeat(scales.reshape(24, 2), 128, axis=1).T[:200] / 2  # (K, N)
+    assert np.all(np.abs(dequantized[:200] - weight) <= half_step + 1e-7)
+    bias = rng.standard_normal(24).astype(np.float32)
+    node = onnx.helper.make_node(
+        "MatMulNBits",
+        ["x", "codes", "scales", "", "", "bias"],
+        ["y"],
+        domain="com.microsoft",
+        K=200,
+        N=24,
+        bits=8,
+        block_size=128,
+        accuracy_level=4,
+    )
+    graph = onnx.helper.make_graph(
+        [node],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 200])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 24])],
+        initializer=[numpy_helper.from_array(a, n) for a, n in ((codes, "codes"), (scales, "scales"), (bias, "bias"))],
+    )
+    opsets = [onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("com.microsoft", 1)]
+    session = ort.InferenceSession(
+        onnx.helper.make_model(graph, ir_version=10, opset_imports=opsets).SerializeToString()
+    )
+    x = rng.standard_normal((1, 200)).astype(np.float32)
+    [got] = session.run(None, {"x": x})
+    np.testing.assert_allclose(got, x @ dequantized[:200] + bias, atol=0.05 * np.abs(x @ weight).max())
+    np.testing.assert_allclose(got, x @ weight + bias, atol=0.05 * np.abs(x @ weight).max())
+
+
+def test_the_int8_variant_has_a_step_graph_for_one_row(quantized: Path) -> None:
+    """Format 6: the int8 variant's decoder_step_single is the step graph (the same inputs and outputs) with every
+    product by a weight a MatMulNBits node over 8-bit blocks of 128, the bias Add taken in as its bias input, and
+    the embedding table the other graphs share; the fp32 variant has none."""
+    folder = load_model_folder(quantized)
+    assert folder.manifest.format_version == 6
+    int8, fp32 = folder.variant("int8"), folder.variant("fp32")
+    assert fp32.decoder_step_single is None and int8.decoder_step_single is not None
+    single = int8.decoder_step_single
+    assert single.file == "decoder_step_single.int8.onnx" and single.file in folder.manifest.files
+    assert (single.inputs, single.outputs) == (int8.decoder_step.inputs, int8.decoder_step.outputs)
+    model = onnx.load(quantized / single.file, load_external_data=False)
+    constants = {t.name for t in model.graph.initializer}
+    products = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    cfg = folder.manifest.config
+    assert len(products) == cfg.n_decoder_layers * 6 + 1  # qkv, self w_o, cross q and w_o, FFN 2; vocabulary
+    assert all(not (n.op_type == "MatMul" and n.input[1] in constants) for n in model.graph.node)
+    assert not any(n.op_type.startswith(("DynamicQuantize", "MatMulInteger")) for n in model.graph.node)
+    for node in products:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert (attributes["bits"], attributes["block_size"], attributes["accuracy_level"]) == (8, 128, 4)
+        assert len(node.input) == 6 and node.input[5] in constants  # every product of this model has a bias
+    [shared] = int8.shared_initializers
+    table = next(t for t in model.graph.initializer if t.name == shared.names["decoder_step_single"])
+    assert table.data_location == onnx.TensorProto.EXTERNAL and not table.raw_data
+    runtime = OnnxRuntime(folder, "int8")
+    assert (
+        runtime.shared["decoder_step_single"][shared.names["decoder_step_single"]]
+        is runtime.shared["encoder"][shared.names["encoder"]]
+    )  # one buffer for all four graphs

@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from model_export.quantize import add_int8_variant
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
 from service.errors import ModelFolderError
@@ -34,6 +35,7 @@ from service.translator import (
     decoder_streams,
     intra_op_threads,
     load_translators,
+    open_runtime,
     ragged_step,
 )
 
@@ -353,3 +355,70 @@ def test_the_ragged_step_reads_only_each_sentences_own_source(model_dir: Path) -
     even.add(memory.keys, memory.values, mask)
     ours.step(rng.integers(4, cfg.tgt_vocab_size, 2), even)
     assert not even.bound.ragged
+
+
+@pytest.fixture(scope="module")
+def quantized(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = Path(shutil.copytree(model_dir, tmp_path_factory.mktemp("q") / "m"))
+    add_int8_variant(folder)
+    return folder
+
+
+def test_a_step_of_one_row_runs_the_step_graph_for_one_row(quantized: Path) -> None:
+    """Format 6: while a cache has one row, the int8 variant's decoder_step_single runs (its products over 8-bit
+    blocks); from two rows on, the step graph; back to one, the single-row graph again. Its log-probs are as close
+    to fp32's as the step graph's are, on the same cache. MT_SINGLE_ROW_STEP=false (or a folder without it) opens
+    no such session, and an fp32 variant has none."""
+    folder = load_model_folder(quantized)
+    single, plain, fp32 = (
+        OnnxRuntime(folder, "int8"),
+        OnnxRuntime(folder, "int8", SessionSettings(single_row_step=False)),
+        OnnxRuntime(folder, "fp32"),
+    )
+    assert single.single is not None and plain.single is None and fp32.single is None
+    cfg = folder.manifest.config
+    rng = np.random.default_rng(11)
+    caches = {name: runtime.new_cache() for name, runtime in (("single", single), ("plain", plain), ("fp32", fp32))}
+    runtimes = {"single": single, "plain": plain, "fp32": fp32}
+    for t in range(10):
+        if t in (0, 4):  # a sentence joins: one row, then two
+            mask = np.ones((1, 5 + t), np.bool_)
+            src = rng.integers(4, cfg.src_vocab_size, mask.shape)
+            for name, cache in caches.items():
+                memory = runtimes[name].encode(src, mask)
+                cache.add(memory.keys, memory.values, mask)
+        if t == 7:  # the first sentence ends: one row again
+            for cache in caches.values():
+                cache.select(np.array([1]))
+        tokens = rng.integers(4, cfg.tgt_vocab_size, caches["single"].rows)
+        out = {name: runtimes[name].step(tokens, cache, full=True) for name, cache in caches.items()}
+        one_row = caches["single"].rows == 1
+        assert caches["single"].bound.graph == ("decoder_step_single" if one_row else "decoder_step")
+        assert caches["plain"].bound.graph == "decoder_step"
+        if t == 0:
+            assert not np.array_equal(out["single"].log_probs, out["plain"].log_probs)  # another graph ran
+        errors = [np.abs(out[name].log_probs - out["fp32"].log_probs).max() for name in ("single", "plain")]
+        assert errors[0] < 0.5 and errors[0] < 3 * errors[1] + 0.05  # int8's error, not a wrong graph's
+    off, on = Settings(variant="int8", single_row_step=False), Settings(variant="int8")  # the server's settings
+    assert open_runtime(folder, off).single is None and open_runtime(folder, on).single is not None
+
+
+def test_greedy_decoding_of_one_sentence_through_the_single_row_graph_stays_close_to_fp32(quantized: Path) -> None:
+    """Whole searches of one sentence (every step one row) against fp32's: the same first tokens for most
+    sentences of the tiny model, and each hypothesis's score within int8's error."""
+    folder = load_model_folder(quantized)
+    single, fp32 = OnnxRuntime(folder, "int8"), OnnxRuntime(folder, "fp32")
+    ids = folder.manifest.special_ids
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    rng = np.random.default_rng(2)
+    same = 0
+    for _ in range(8):
+        source = rng.integers(4, 90, int(rng.integers(3, 12))).tolist() + [ids.eos]
+        options = [SearchOptions(beam_size=1, max_new_tokens=10)]
+        [[got]], [[expected]] = (
+            decode_batch(single, [source], options, rules),
+            decode_batch(fp32, [source], options, rules),
+        )
+        same += got.tokens[:3] == expected.tokens[:3]
+        assert got.tokens and abs(got.score - expected.score) < 0.5
+    assert same >= 5
