@@ -84,7 +84,7 @@ class Settings(BaseSettings):
         "and run it for steps of one row (one sentence, greedy): its products read 8-bit weights in blocks of 128, "
         "which ONNX Runtime reads faster for one row (a greedy step at batch 1: 0.77x the default model's time, "
         "0.64x the paper size's). Its session holds its own copy of the decoder's weights (5 MB for the default "
-        "model, 53 MB at the paper's size). CPU only",
+        "model, ~60 MB at the paper's size). CPU only",
     )
     encoder_threads: int = Field(
         0,
