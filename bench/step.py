@@ -39,9 +39,10 @@ class Workload:
     steps: int  # timed steps
 
 
-def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab: int) -> float:
+def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab: int) -> tuple[float, str]:
     """Encodes random sources, takes `slots` steps to fill the cache, then times `steps` more: µs per step of the
-    runtime's whole `step` (binding, the graph, its outputs), not only the graph."""
+    runtime's whole `step` (binding, the graph, its outputs), not only the graph, and which step graph ran (one row:
+    the one-row graph, when the folder has it)."""
     rng = np.random.default_rng(0)
     src_ids = rng.integers(4, src_vocab, (work.sentences, work.source))  # (N, S)
     src_mask = np.ones((work.sentences, work.source), np.bool_)  # (N, S) every position real
@@ -56,23 +57,23 @@ def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab:
     started = time.perf_counter()
     for _ in range(work.steps):
         runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width)  # (B,)
-    return (time.perf_counter() - started) / work.steps * 1e6
+    return (time.perf_counter() - started) / work.steps * 1e6, cache.bound.graph
 
 
 def profile_step(
     folder: Path, variant: str | None, threads: int, work: Workload
-) -> tuple[dict[str, tuple[int, float]], float, float]:
+) -> tuple[dict[str, tuple[int, float]], float, float, str]:
     """{operator type: (nodes per step, µs per step)} over the timed steps under ONNX Runtime's profiler, the wall
     time per step in µs with the profiler on, and without it (the profiler's own cost per node is a few µs: at
-    small steps most of what it reports)."""
+    small steps most of what it reports), and the step graph that ran."""
     loaded = load_model_folder(folder, verify_checksums=False)
     cfg = loaded.manifest.config
     settings = SessionSettings(intra_op_threads=threads, encoder_threads=1, ragged_step=False)
-    plain = timed_steps(OnnxRuntime(loaded, variant, settings), work, cfg.src_vocab_size, cfg.tgt_vocab_size)
+    plain, _ = timed_steps(OnnxRuntime(loaded, variant, settings), work, cfg.src_vocab_size, cfg.tgt_vocab_size)
     with tempfile.TemporaryDirectory() as tmp:
         runtime = OnnxRuntime(loaded, variant, replace(settings, profile_prefix=str(Path(tmp) / "p")))
-        profiled = timed_steps(runtime, work, cfg.src_vocab_size, cfg.tgt_vocab_size)
-        events = json.loads(Path(runtime.decoder.end_profiling()).read_text())
+        profiled, graph = timed_steps(runtime, work, cfg.src_vocab_size, cfg.tgt_vocab_size)
+        events = json.loads(Path(runtime.steps[graph].end_profiling()).read_text())
         del runtime
         gc.collect()  # the other sessions write their (unread) profiles into tmp before it goes
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
@@ -82,7 +83,7 @@ def profile_step(
     by_type: dict[str, list[float]] = collections.defaultdict(list)
     for event in nodes[-work.steps * per_run :]:
         by_type[event["args"]["op_name"]].append(event["dur"])
-    return {op: (len(d) // work.steps, sum(d) / work.steps) for op, d in by_type.items()}, profiled, plain
+    return {op: (len(d) // work.steps, sum(d) / work.steps) for op, d in by_type.items()}, profiled, plain, graph
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,24 +110,27 @@ def main(argv: list[str] | None = None) -> int:
         for r, t in zip(rows, threads, strict=True)
     ]
     total = collections.Counter()
-    for ops, _, _ in columns:
+    for ops, *_ in columns:
         total.update({op: us for op, (_, us) in ops.items()})
     listed = [op for op, _ in total.most_common(args.top)]
     print(
         f"{args.model.name}, beam {args.beam}, {args.source} source tokens, cache {args.slots}-"
         f"{args.slots + args.steps} slots; ms per step (nodes)"
     )
-    heads = [f"{r} rows, {t} thread{'s' if t > 1 else ''}" for r, t in zip(rows, threads, strict=True)]
+    heads = [
+        f"{r} rows, {t} thread{'s' if t > 1 else ''}" + (", the one-row graph" if graph.endswith("single") else "")
+        for r, t, (*_, graph) in zip(rows, threads, columns, strict=True)
+    ]
     print("| operator | " + " | ".join(heads) + " |\n|---|" + "---:|" * len(heads))
     for op in listed:
-        cells = [f"{ops[op][1] / 1000:.2f} ({ops[op][0]})" if op in ops else "-" for ops, _, _ in columns]
+        cells = [f"{ops[op][1] / 1000:.2f} ({ops[op][0]})" if op in ops else "-" for ops, *_ in columns]
         print(f"| {op} | " + " | ".join(cells) + " |")
-    others = [sum(us for op, (_, us) in ops.items() if op not in listed) / 1000 for ops, _, _ in columns]
+    others = [sum(us for op, (_, us) in ops.items() if op not in listed) / 1000 for ops, *_ in columns]
     print("| the rest | " + " | ".join(f"{ms:.2f}" for ms in others) + " |")
-    graph = [sum(us for _, us in ops.values()) / 1000 for ops, _, _ in columns]
+    graph = [sum(us for _, us in ops.values()) / 1000 for ops, *_ in columns]
     print("| all nodes | " + " | ".join(f"**{ms:.2f}**" for ms in graph) + " |")
-    print("| wall, the runtime's step | " + " | ".join(f"{wall / 1000:.2f}" for _, wall, _ in columns) + " |")
-    print("| wall, unprofiled | " + " | ".join(f"{plain / 1000:.2f}" for _, _, plain in columns) + " |")
+    print("| wall, the runtime's step | " + " | ".join(f"{wall / 1000:.2f}" for _, wall, *_ in columns) + " |")
+    print("| wall, unprofiled | " + " | ".join(f"{plain / 1000:.2f}" for _, _, plain, _ in columns) + " |")
     return 0
 
 

@@ -298,7 +298,7 @@ class OnnxRuntime:
         if single is not None:
             self.single = open_session(folder, single, settings, self.shared["decoder_step_single"])
             release_freed_memory()
-        self._steps = {
+        self.steps = {
             "decoder_step": self.decoder, "decoder_step_ragged": self.ragged, "decoder_step_single": self.single
         }
         enc, dec = spec.encoder, spec.decoder_step
@@ -347,7 +347,7 @@ class OnnxRuntime:
         bound.input_ids[:] = input_ids  # (B,)
         if cache.on_gpu:
             cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
-        self._steps[bound.graph].run_with_iobinding(bound.binding)
+        self.steps[bound.graph].run_with_iobinding(bound.binding)
         top_log_probs, top_ids, *rest = (array.copy() for array in bound.outputs)  # the next step rewrites them
         cache.advance()
         kept = min(candidates, self.candidates.most)
@@ -374,7 +374,7 @@ class OnnxRuntime:
         `width`: the top-K's candidates per row, the banned ids among them (format 4 is told; format 3's is fixed).
         `graph`: the step graph to bind (see step); the ragged one also takes the cross-attention caches as outputs
         (in place)."""
-        binding = self._steps[graph].io_binding()
+        binding = self.steps[graph].io_binding()
         ragged = graph == "decoder_step_ragged"
         if self._dec_top_k is not None:
             binding.bind_ortvalue_input(self._dec_top_k, ortvalue(np.array([width], np.int64)))  # (1,)
