@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -8,6 +9,7 @@ import pytest
 
 from model_export.checkpoint import Checkpoint
 from model_export.export import export_folder
+from model_export.quantize import add_int8_variant
 from service import kv_cache
 from tests.factories import tiny_checkpoint, train_sentencepiece, write_checkpoint
 
@@ -31,6 +33,15 @@ def checkpoint_path(checkpoint: Checkpoint, tmp_path_factory: pytest.TempPathFac
 def model_dir(checkpoint: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model exported once per session. Tests that alter a folder copy it first."""
     return export_folder(checkpoint, tmp_path_factory.mktemp("models") / "tiny-en-fr", "tiny-en-fr", "0.0.1")
+
+
+@pytest.fixture(scope="session")
+def quantized(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its int8 variant (and its one-row step graph), once per session; fp32 stays the
+    default. Tests that alter it copy it first."""
+    folder = Path(shutil.copytree(model_dir, tmp_path_factory.mktemp("q") / "tiny-en-fr"))
+    add_int8_variant(folder)
+    return folder
 
 
 @pytest.fixture(autouse=True)

@@ -1,13 +1,11 @@
 """bench.step profiles the runtime's own decoder step and prints each operator type's time per step."""
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from bench import step
-from model_export.quantize import add_int8_variant
 
 
 def test_a_step_is_profiled_per_operator_for_each_rows_and_threads_column(
@@ -45,14 +43,10 @@ def test_rows_must_be_whole_beams(model_dir: Path) -> None:
         step.main(["--model", str(model_dir), "--rows", "5", "--beam", "2"])
 
 
-def test_one_row_is_profiled_in_the_one_row_graph(
-    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_one_row_is_profiled_in_the_one_row_graph(quantized: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An int8 folder's step of one row runs its one-row step graph (format 6): that is the graph profiled, named in
     its column, MatMulNBits its products where two rows take DynamicQuantizeMatMul."""
-    folder = Path(shutil.copytree(model_dir, tmp_path / "m"))
-    add_int8_variant(folder)
-    args = ["--model", str(folder), "--variant", "int8", "--rows", "1,2", "--steps", "2", "--top", "99"]
+    args = ["--model", str(quantized), "--variant", "int8", "--rows", "1,2", "--steps", "2", "--top", "99"]
     assert step.main(args) == 0
     out = capsys.readouterr().out
     assert "| operator | 1 rows, 1 thread, the one-row graph | 2 rows, 1 thread |" in out

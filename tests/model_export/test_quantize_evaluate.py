@@ -20,13 +20,6 @@ from service.runtime import CPU_DISABLED_FUSIONS, OnnxRuntime
 from tests.factories import SENTENCES
 
 
-@pytest.fixture(scope="module")
-def quantized(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = Path(shutil.copytree(model_dir, tmp_path_factory.mktemp("q") / "m"))
-    add_int8_variant(folder)
-    return folder
-
-
 def test_int8_variant_is_listed_checksummed_and_runs_close_to_fp32(quantized: Path) -> None:
     folder = load_model_folder(quantized)
     assert set(folder.manifest.variants) == {"fp32", "int8"} and folder.manifest.default_variant == "fp32"

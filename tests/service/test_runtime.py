@@ -13,7 +13,6 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from model_export.quantize import add_int8_variant
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
 from service.errors import ModelFolderError
@@ -355,13 +354,6 @@ def test_the_ragged_step_reads_only_each_sentences_own_source(model_dir: Path) -
     even.add(memory.keys, memory.values, mask)
     ours.step(rng.integers(4, cfg.tgt_vocab_size, 2), even)
     assert not even.bound.ragged
-
-
-@pytest.fixture(scope="module")
-def quantized(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = Path(shutil.copytree(model_dir, tmp_path_factory.mktemp("q") / "m"))
-    add_int8_variant(folder)
-    return folder
 
 
 def test_a_step_of_one_row_runs_the_step_graph_for_one_row(quantized: Path) -> None:
