@@ -57,9 +57,12 @@ def candidates_needed(searches: list[Search]) -> int:
     return max(candidates(s.options) for s in searches)
 
 
-def advance_all(searches: list[Search], top_log_probs: np.ndarray, top_ids: np.ndarray) -> tuple[list[int], np.ndarray]:
+def advance_all(
+    searches: list[Search], top_log_probs: np.ndarray, top_ids: np.ndarray
+) -> tuple[list[int], np.ndarray | None]:
     """Give each search its slice of rows' candidates. Returns the order of the searches still running (indexes
-    into `searches`) and the cache rows to keep for them, in that order (see `place`)."""
+    into `searches`) and the cache rows to keep for them, in that order (see `place`); None when every row stays
+    where it is (greedy rows, none finished: DecoderCache.select has nothing to do)."""
     if greedy_rows(searches):
         return advance_greedy(searches, top_log_probs, top_ids)
     return advance_each(searches, top_log_probs, top_ids)
@@ -80,14 +83,14 @@ def advance_each(
 
 def advance_greedy(
     searches: list[GreedySearch], top_log_probs: np.ndarray, top_ids: np.ndarray
-) -> tuple[list[int], np.ndarray]:
+) -> tuple[list[int], np.ndarray | None]:
     """`advance_all` for greedy searches only (row i is search i's): every row's two best candidates converted to
     Python numbers at once, and `place` for blocks of one row, in array operations (a third of the time of the
     general path at 30 rows)."""
     ids, log_probs = top_ids[:, :2].tolist(), top_log_probs[:, :2].tolist()  # (B, 2) each
     finished = [s.take(i, p) for s, i, p in zip(searches, ids, log_probs, strict=True)]  # (B,)
     if not any(finished):
-        return list(range(len(searches))), np.arange(len(searches))  # every row stays
+        return list(range(len(searches))), None  # every row stays: no array to build, nor for select to check
     done = np.array(finished, dtype=np.bool_)  # (B,)
     live = np.flatnonzero(~done)  # (B',) the searches that run on
     rows = np.arange(live.size)  # (B',) rows below the new count stay where they are ...

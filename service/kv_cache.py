@@ -114,10 +114,12 @@ class DecoderCache:
         self.sentence = np.concatenate([self.sentence, np.arange(first, first + b)])
         self._groups = None
 
-    def select(self, rows: np.ndarray) -> None:
+    def select(self, rows: np.ndarray | None) -> None:
         """Keep, repeat or reorder rows (beams following their parents, finished rows leaving), in place. A row
         takes its parent's sentence: no source moves, except those of sentences that must fill the places of
-        sentences no row attends to any more."""
+        sentences no row attends to any more. None: every row stays (advance_all's greedy rows, none finished)."""
+        if rows is None:
+            return
         n = len(rows)
         moved = np.flatnonzero(rows != np.arange(n))  # (m,) rows that take another row's state
         if n == self.rows and not moved.size:

@@ -52,6 +52,9 @@ def test_select_reorders_and_drops_and_capacity_grows() -> None:
     assert cache.capacity >= MIN_CAPACITY + 1 and cache.lengths.tolist() == [MIN_CAPACITY + 1] * 3
     for layer in cache.self_keys:
         layer[2] = -1.0
+    before = stacked(cache.self_keys).copy()
+    cache.select(None)  # every row stays (greedy rows, none finished)
+    assert cache.rows == 3 and np.array_equal(stacked(cache.self_keys), before, equal_nan=True)
     cache.select(np.array([2, 2, 0]))
     assert cache.rows == 3
     filled = MIN_CAPACITY + 1  # slots past what any row wrote are not copied: nothing reads them
