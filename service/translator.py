@@ -309,6 +309,18 @@ def ragged_step(cfg: Architecture, settings: Settings) -> bool:
     return settings.ragged_step if settings.ragged_step is not None else decoder_macs_per_token(cfg) < SHARED_STEP_MACS
 
 
+def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
+    """The step graphs the model's engine opens, for its start-up line: the step graph, the ragged one (format 5,
+    ragged_step), the one-row one (format 6, an int8 variant on CPU, MT_SINGLE_ROW_STEP)."""
+    variant = folder.variant(settings.variant)
+    graphs = ["step"]
+    if variant.decoder_step_ragged is not None and ragged_step(folder.manifest.config, settings):
+        graphs.append("ragged")
+    if variant.decoder_step_single is not None and settings.single_row_step and "cuda" not in settings.providers:
+        graphs.append("one-row")
+    return graphs
+
+
 def intra_op_threads(cfg: Architecture, settings: Settings) -> int:
     """MT_INTRA_OP_THREADS, or for 0: a model whose steps are worth sharing gets every core, split between its
     decoding streams; a smaller one, one thread."""
@@ -359,9 +371,10 @@ def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) ->
         cfg = folder.manifest.config
         streams, threads = decoder_streams(cfg, settings), intra_op_threads(cfg, settings)
         cores = f" on core(s) {list(translator.cores.streams)}" if translator.cores else ""
+        graphs = ", ".join(step_graphs(folder, settings))
         log.info(
-            "loaded model %s %s (%s, %s) in %s from %s: %d decoding stream(s) of %d thread(s)%s",
-            *(name, version, variant, provider, where, path, streams, threads, cores),
+            "loaded model %s %s (%s, %s) in %s from %s: %d decoding stream(s) of %d thread(s)%s; step graphs: %s",
+            *(name, version, variant, provider, where, path, streams, threads, cores, graphs),
         )
         translators.append(translator)
     return translators

@@ -36,6 +36,7 @@ from service.translator import (
     load_translators,
     open_runtime,
     ragged_step,
+    step_graphs,
 )
 
 
@@ -414,3 +415,22 @@ def test_greedy_decoding_of_one_sentence_through_the_single_row_graph_stays_clos
         same += got.tokens[:3] == expected.tokens[:3]
         assert got.tokens and abs(got.score - expected.score) < 0.5
     assert same >= 5
+
+
+def test_the_start_up_line_names_the_step_graphs_the_engine_opens(
+    quantized: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator sees whether a folder's one-row graph (format 6) runs: int8 on CPU unless MT_SINGLE_ROW_STEP is
+    false; not for fp32 (it has none) nor on CUDA."""
+    folder = load_model_folder(quantized)
+    assert step_graphs(folder, Settings(variant="int8")) == ["step", "ragged", "one-row"]  # a small decoder: ragged
+    assert step_graphs(folder, Settings(variant="int8", single_row_step=False, ragged_step=False)) == ["step"]
+    assert step_graphs(folder, Settings(variant="fp32")) == ["step", "ragged"]
+    assert step_graphs(folder, Settings(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged"]
+    monkeypatch.setenv("MT_MODELS_DIR", str(quantized.parent))
+    monkeypatch.setenv("MT_MODELS", quantized.name)
+    with caplog.at_level(logging.INFO, logger="service.translator"):
+        [translator] = load_translators(Settings(engine_process=False, variant="int8", pin_cores=False), Metrics())
+    translator.scheduler.stop()
+    assert translator.runtime.single is not None
+    assert "step graphs: step, ragged, one-row" in caplog.text
