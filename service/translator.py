@@ -311,13 +311,17 @@ def ragged_step(cfg: Architecture, settings: Settings) -> bool:
 
 def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
     """The step graphs the model's engine opens, for its start-up line: the step graph, the ragged one (format 5,
-    ragged_step), the one-row one (format 6, an int8 variant on CPU, MT_SINGLE_ROW_STEP)."""
+    ragged_step), the one-row one (format 6, an int8 variant on CPU, MT_SINGLE_ROW_STEP); for an int8 folder from
+    before format 6, the command that adds the one-row graph."""
     variant = folder.variant(settings.variant)
     graphs = ["step"]
     if variant.decoder_step_ragged is not None and ragged_step(folder.manifest.config, settings):
         graphs.append("ragged")
-    if variant.decoder_step_single is not None and settings.single_row_step and "cuda" not in settings.providers:
+    wanted = settings.single_row_step and "cuda" not in settings.providers
+    if variant.decoder_step_single is not None and wanted:
         graphs.append("one-row")
+    elif wanted and variant.precision == "int8":  # a folder from before format 6
+        graphs.append(f"no one-row graph in the folder (`python -m model_export quantize --model-dir {folder.path}`)")
     return graphs
 
 

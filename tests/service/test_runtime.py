@@ -434,3 +434,26 @@ def test_the_start_up_line_names_the_step_graphs_the_engine_opens(
     translator.scheduler.stop()
     assert translator.runtime.single is not None
     assert "step graphs: step, ragged, one-row" in caplog.text
+
+
+def test_an_int8_folder_without_the_one_row_graph_is_served_and_says_how_to_add_it(
+    quantized: Path, tmp_path: Path
+) -> None:
+    """A format 5 int8 folder (no decoder_step_single) runs every step on the step graph; the start-up line names
+    the command that adds the one-row graph."""
+    old = Path(shutil.copytree(quantized, tmp_path / "old"))
+    manifest = json.loads((old / MANIFEST).read_text())
+    manifest["format_version"] = 5
+    manifest["variants"]["int8"]["decoder_step_single"] = None
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    folder = load_model_folder(old)
+    runtime = OnnxRuntime(folder, "int8")
+    assert runtime.single is None
+    cache = runtime.new_cache()
+    mask = np.ones((1, 4), np.bool_)
+    memory = runtime.encode(np.array([[5, 9, 14, 3]]), mask)
+    cache.add(memory.keys, memory.values, mask)
+    runtime.step(np.array([folder.manifest.special_ids.decoder_start]), cache, candidates=2)
+    assert cache.bound.graph == "decoder_step"
+    [*_, hint] = step_graphs(folder, Settings(variant="int8"))
+    assert hint == f"no one-row graph in the folder (`python -m model_export quantize --model-dir {old}`)"
