@@ -26,6 +26,7 @@ import numpy as np
 from service.decoding import SearchOptions, candidates
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
+from service.translator import single_row_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +69,8 @@ def profile_step(
     small steps most of what it reports), and the step graph that ran."""
     loaded = load_model_folder(folder, verify_checksums=False)
     cfg = loaded.manifest.config
-    settings = SessionSettings(intra_op_threads=threads, encoder_threads=1, ragged_step=False)
+    rows = single_row_rows(cfg)  # as the server would: the one-row graph for steps of up to this many rows
+    settings = SessionSettings(intra_op_threads=threads, encoder_threads=1, ragged_step=False, single_row_rows=rows)
     plain, _ = timed_steps(OnnxRuntime(loaded, variant, settings), work, cfg.src_vocab_size, cfg.tgt_vocab_size)
     with tempfile.TemporaryDirectory() as tmp:
         runtime = OnnxRuntime(loaded, variant, replace(settings, profile_prefix=str(Path(tmp) / "p")))

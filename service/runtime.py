@@ -40,6 +40,8 @@ class SessionSettings:
     ragged_step: bool = True  # open the folder's ragged step graph (format 5), if it has one: see OnnxRuntime.step
     # (the server decides by the decoder's size: service/translator.py, ragged_step)
     single_row_step: bool = True  # open the folder's step graph for one row (format 6), if it has one (CPU only)
+    single_row_rows: int = 1  # ... and run it for steps of at most this many rows (the server decides by the
+    # decoder's size: service/translator.py, single_row_rows)
     experimental_gpu_fp16: bool = False  # run a float16 cache on CUDA although it failed its GPU tests (see below)
     shared_arena: bool = True  # CPU sessions draw on one process-wide arena (share_cpu_arena), not one each
     profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON files named so (bench/step.py)
@@ -298,6 +300,7 @@ class OnnxRuntime:
         if single is not None:
             self.single = open_session(folder, single, settings, self.shared["decoder_step_single"])
             release_freed_memory()
+        self._single_rows = settings.single_row_rows
         self.steps = {
             "decoder_step": self.decoder, "decoder_step_ragged": self.ragged, "decoder_step_single": self.single
         }
@@ -335,10 +338,11 @@ class OnnxRuntime:
         When every sentence has one row (greedy rows: rows == sentences) and the folder has a ragged step graph
         (format 5), that graph runs instead when the sources are ragged enough (RAGGED_FILL): the same outputs, its
         cross-attention over each sentence's own source length rather than the widest live one (at 32 clients of
-        real text, 16 positions against 52). A step of one row runs the folder's step graph for one row (format 6)
-        if it has one: the same outputs, its products over 8-bit weights in blocks, which ONNX Runtime reads faster
-        for one row (from two rows up, slower). The choice is made when the cache's arrays are bound: rows,
-        sentences and sources change only with a new binding."""
+        real text, 16 positions against 52). A step of one row (up to `single_row_rows`) runs the folder's step graph
+        for one row (format 6) if it has one: the same outputs, its products over 8-bit weights in blocks, which
+        ONNX Runtime reads faster for one row, and on a decoder whose weights stream from memory for a few (the
+        paper-size model: 1.40x at 2 rows, 1.09x at 4, 0.95x at 6; the default model 0.96x at 2). The choice is
+        made when the cache's arrays are bound: rows, sentences and sources change only with a new binding."""
         cache.make_room()  # a free slot per row, before the buffers are bound
         width = self.candidates.width(candidates)
         bound = cache.bound  # the cache drops it whenever the arrays it binds change
@@ -356,7 +360,7 @@ class OnnxRuntime:
 
     def _step_graph(self, cache: DecoderCache) -> str:
         """Which step graph runs this cache's steps (see step)."""
-        if self.single is not None and cache.rows == 1 and not cache.on_gpu:
+        if self.single is not None and cache.rows <= self._single_rows and not cache.on_gpu:
             return "decoder_step_single"
         return "decoder_step_ragged" if self._ragged_fits(cache) else "decoder_step"
 

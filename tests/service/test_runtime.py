@@ -36,6 +36,7 @@ from service.translator import (
     load_translators,
     open_runtime,
     ragged_step,
+    single_row_rows,
     step_graphs,
 )
 
@@ -122,6 +123,7 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     assert translator.runtime.ragged is not None  # a small decoder: its ragged step graph too
     translator.scheduler.stop()
     assert ragged_step(shipped, Settings()) and not ragged_step(paper, Settings())  # 5 MB twice, not 53
+    assert single_row_rows(shipped) == 1 and single_row_rows(paper) == 4  # weights from memory: a few rows too
     assert ragged_step(paper, Settings(ragged_step=True)) and not ragged_step(shipped, Settings(ragged_step=False))
 
 
@@ -457,3 +459,25 @@ def test_an_int8_folder_without_the_one_row_graph_is_served_and_says_how_to_add_
     assert cache.bound.graph == "decoder_step"
     [*_, hint] = step_graphs(folder, Settings(variant="int8"))
     assert hint == f"no one-row graph in the folder (`python -m model_export quantize --model-dir {old}`)"
+
+
+def test_a_decoder_whose_weights_stream_from_memory_runs_the_one_row_graph_for_a_few_rows(quantized: Path) -> None:
+    """single_row_rows (4 for a decoder of the paper's size): steps of up to that many rows run the one-row graph,
+    more rows the step graph; as rows leave, the one-row graph again."""
+    folder = load_model_folder(quantized)
+    runtime = OnnxRuntime(folder, "int8", SessionSettings(single_row_rows=2))
+    cfg = folder.manifest.config
+    rng = np.random.default_rng(4)
+    cache = runtime.new_cache()
+    graphs = []
+    for t in range(6):
+        if t in (0, 1, 2):  # a sentence joins at each of the first three steps: 1, 2, 3 rows
+            mask = np.ones((1, 6), np.bool_)
+            memory = runtime.encode(rng.integers(4, cfg.src_vocab_size, mask.shape), mask)
+            cache.add(memory.keys, memory.values, mask)
+        if t == 4:  # one leaves: 2 rows
+            cache.select(np.array([0, 2]))
+        runtime.step(rng.integers(4, cfg.tgt_vocab_size, cache.rows), cache, candidates=2)
+        graphs.append((cache.rows, cache.bound.graph))
+    single, step = "decoder_step_single", "decoder_step"
+    assert graphs == [(1, single), (2, single), (3, step), (3, step), (2, single), (2, single)]
