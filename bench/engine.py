@@ -76,20 +76,12 @@ class Ours:
         from service.model_folder import load_model_folder
         from service.runtime import OnnxRuntime, SessionSettings
         from service.settings import Settings
-        from service.translator import ragged_step, single_row_rows
+        from service.translator import step_graph_options
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
-        server = Settings()  # as the server would: MT_RAGGED_STEP (or by size), MT_SINGLE_ROW_STEP
-        ragged = ragged_step(loaded.manifest.config, server)
-        settings = SessionSettings(
-            providers,
-            threads,
-            experimental_gpu_fp16=True,
-            ragged_step=ragged,
-            single_row_step=server.single_row_step,
-            single_row_rows=single_row_rows(loaded.manifest.config),
-        )
+        steps = step_graph_options(loaded.manifest.config, Settings())  # the step graphs the server would run
+        settings = SessionSettings(providers, threads, experimental_gpu_fp16=True, **steps)
         self.runtime = OnnxRuntime(loaded, variant, settings)  # fp16 on CUDA: its outputs are wrong (README "GPU")
         if self.runtime.providers[0] != providers[0]:
             raise SystemExit(f"ONNX Runtime cannot run on {device} here (it offers {self.runtime.providers})")

@@ -5,7 +5,8 @@ The graphs' inputs and outputs are unchanged, so the server runs either variant 
 The variant also gets the step graph for one row (format 6, `decoder_step_single`): its products are
 MatMulNBits nodes over 8-bit weights quantized in blocks of SINGLE_ROW_BLOCK along K, whose one-row kernel reads
 them faster than DynamicQuantizeMatMul's (a greedy step at batch 1: the default model's graph 233 -> 179 us, the
-paper-size model's 4.7 -> 3.0 ms); from two rows up it is slower, so the server runs it for one row only.
+paper-size model's 4.7 -> 3.0 ms); from a few rows up it is slower, so the server runs it for one row, or up to
+four on a decoder whose weights stream from memory (service/translator.py, single_row_rows).
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ def blockwise_8bit(weight: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarr
     return codes.astype(np.uint8), scales.astype(np.float32).reshape(-1)
 
 
-def to_single_row_products(model: onnx.ModelProto, block: int) -> int:
+def to_single_row_products(model: onnx.ModelProto, block: int) -> None:
     """Every MatMul by a constant (K, N) weight becomes a MatMulNBits node over its 8-bit blocks, taking the bias
-    Add that follows it (a constant (N,)) as its own bias input. Returns how many were replaced."""
+    Add that follows it (a constant (N,)) as its own bias input."""
     graph = model.graph
     constants = {t.name: t for t in graph.initializer}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -112,7 +113,6 @@ def to_single_row_products(model: onnx.ModelProto, block: int) -> int:
     graph.initializer.extend(kept)
     if not any(o.domain == graph_io.CONTRIB_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(graph_io.CONTRIB_DOMAIN, 1))
-    return len(replaced)
 
 
 def single_row_graph(source: Path, target: Path, per_channel: bool, embeddings: bool) -> None:

@@ -302,7 +302,9 @@ class OnnxRuntime:
             release_freed_memory()
         self._single_rows = settings.single_row_rows
         self.steps = {
-            "decoder_step": self.decoder, "decoder_step_ragged": self.ragged, "decoder_step_single": self.single
+            "decoder_step": self.decoder,
+            "decoder_step_ragged": self.ragged,
+            "decoder_step_single": self.single,
         }
         enc, dec = spec.encoder, spec.decoder_step
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
@@ -360,7 +362,7 @@ class OnnxRuntime:
 
     def _step_graph(self, cache: DecoderCache) -> str:
         """Which step graph runs this cache's steps (see step)."""
-        if self.single is not None and cache.rows <= self._single_rows and not cache.on_gpu:
+        if self.single is not None and cache.rows <= self._single_rows:  # opened on CPU only: a host cache
             return "decoder_step_single"
         return "decoder_step_ragged" if self._ragged_fits(cache) else "decoder_step"
 

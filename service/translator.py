@@ -318,6 +318,16 @@ def single_row_rows(cfg: Architecture) -> int:
     return 4 if decoder_macs_per_token(cfg) >= SHARED_STEP_MACS else 1
 
 
+def step_graph_options(cfg: Architecture, settings: Settings) -> dict[str, bool | int]:
+    """SessionSettings' step-graph fields as the server sets them (open_runtime; bench.engine measures the same):
+    the ragged graph (ragged_step), the one-row graph (MT_SINGLE_ROW_STEP) for steps of up to single_row_rows."""
+    return {
+        "ragged_step": ragged_step(cfg, settings),
+        "single_row_step": settings.single_row_step,
+        "single_row_rows": single_row_rows(cfg),
+    }
+
+
 def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
     """The step graphs the model's engine opens, for its start-up line: the step graph, the ragged one (format 5,
     ragged_step), the one-row one (format 6, an int8 variant on CPU, MT_SINGLE_ROW_STEP); for an int8 folder from
@@ -361,9 +371,7 @@ def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:
         intra_op_threads(folder.manifest.config, settings),
         settings.inter_op_threads,
         encoder_threads=settings.encoder_session_threads(),
-        ragged_step=ragged_step(folder.manifest.config, settings),
-        single_row_step=settings.single_row_step,
-        single_row_rows=single_row_rows(folder.manifest.config),
+        **step_graph_options(folder.manifest.config, settings),
     )
     return OnnxRuntime(folder, settings.variant, session)
 
