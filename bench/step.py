@@ -40,10 +40,11 @@ class Workload:
     steps: int  # timed steps
 
 
-def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab: int) -> tuple[float, str]:
+def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab: int) -> tuple[float, str, int]:
     """Encodes random sources, takes `slots` steps to fill the cache, then times `steps` more: µs per step of the
-    runtime's whole `step` (binding, the graph, its outputs), not only the graph, and which step graph ran (one row:
-    the one-row graph, when the folder has it)."""
+    runtime's whole `step` (binding, the graph, its outputs), not only the graph, which step graph ran the timed
+    steps (one row: the one-row graph, when the folder has it), and how many steps it ran in all (a beam's first
+    step has one row per sentence, which the one-row graph may have taken)."""
     rng = np.random.default_rng(0)
     src_ids = rng.integers(4, src_vocab, (work.sentences, work.source))  # (N, S)
     src_mask = np.ones((work.sentences, work.source), np.bool_)  # (N, S) every position real
@@ -51,14 +52,17 @@ def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab:
     cache = runtime.new_cache()
     cache.add(memory.keys, memory.values, src_mask)
     width = candidates(SearchOptions(beam_size=work.beam))  # what a search of this beam takes from a step
+    graphs = collections.Counter()
     for step in range(work.slots):
         runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width)  # (B,) tokens
+        graphs[cache.bound.graph] += 1
         if step == 0 and work.beam > 1:
             cache.select(np.repeat(np.arange(work.sentences), work.beam))  # (N x beam,) each sentence's beams
     started = time.perf_counter()
     for _ in range(work.steps):
         runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width)  # (B,)
-    return (time.perf_counter() - started) / work.steps * 1e6, cache.bound.graph
+    elapsed = time.perf_counter() - started
+    return elapsed / work.steps * 1e6, cache.bound.graph, graphs[cache.bound.graph] + work.steps
 
 
 def profile_step(
@@ -71,15 +75,15 @@ def profile_step(
     cfg = loaded.manifest.config
     rows = single_row_rows(cfg)  # as the server would: the one-row graph for steps of up to this many rows
     settings = SessionSettings(intra_op_threads=threads, encoder_threads=1, ragged_step=False, single_row_rows=rows)
-    plain, _ = timed_steps(OnnxRuntime(loaded, variant, settings), work, cfg.src_vocab_size, cfg.tgt_vocab_size)
+    plain, *_ = timed_steps(OnnxRuntime(loaded, variant, settings), work, cfg.src_vocab_size, cfg.tgt_vocab_size)
     with tempfile.TemporaryDirectory() as tmp:
         runtime = OnnxRuntime(loaded, variant, replace(settings, profile_prefix=str(Path(tmp) / "p")))
-        profiled, graph = timed_steps(runtime, work, cfg.src_vocab_size, cfg.tgt_vocab_size)
+        profiled, graph, runs = timed_steps(runtime, work, cfg.src_vocab_size, cfg.tgt_vocab_size)
         events = json.loads(Path(runtime.steps[graph].end_profiling()).read_text())
         del runtime
         gc.collect()  # the other sessions write their (unread) profiles into tmp before it goes
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    per_run, rest = divmod(len(nodes), work.slots + work.steps)
+    per_run, rest = divmod(len(nodes), runs)
     if rest:
         raise SystemExit(f"the profile holds {len(nodes)} node runs, not a whole number of steps")
     by_type: dict[str, list[float]] = collections.defaultdict(list)

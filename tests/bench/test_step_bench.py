@@ -52,3 +52,15 @@ def test_one_row_is_profiled_in_the_one_row_graph(quantized: Path, capsys: pytes
     assert "| operator | 1 rows, 1 thread, the one-row graph | 2 rows, 1 thread |" in out
     assert re.search(r"^\| MatMulNBits \| [\d.]+ \(\d+\) \| - \|$", out, re.MULTILINE)
     assert re.search(r"^\| DynamicQuantizeMatMul \| - \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)
+
+
+def test_beams_whose_first_step_took_the_one_row_graph_are_profiled_in_their_own(
+    quantized: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A beam's first step has one row per sentence, which the one-row graph takes; the steps after it run the step
+    graph, whose profile then holds one step fewer than were taken: each step's nodes are still counted whole."""
+    args = ["--model", str(quantized), "--variant", "int8", "--rows", "2", "--beam", "2", "--steps", "2", "--top", "99"]
+    assert step.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| operator | 2 rows, 1 thread |" in out
+    assert re.search(r"^\| DynamicQuantizeMatMul \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)

@@ -291,8 +291,11 @@ def test_a_binding_is_kept_while_the_arrays_a_step_is_given_stay_the_same(monkey
 
     def bound() -> list:
         arrays = [cache.lengths, cache.src_mask, cache.sentence_rows, cache.row_slots]
-        buffers = [layer for name in ("self_keys", "self_values", "cross_keys", "cross_values")
-                   for layer in getattr(cache, name)]
+        buffers = [
+            layer
+            for name in ("self_keys", "self_values", "cross_keys", "cross_values")
+            for layer in getattr(cache, name)
+        ]
         return [(a.ctypes.data, a.shape) for a in arrays + buffers]
 
     cache.bound, before, lengths = "binding", bound(), cache.lengths
@@ -314,3 +317,18 @@ def test_a_binding_is_kept_while_the_arrays_a_step_is_given_stay_the_same(monkey
     for _ in range(MIN_CAPACITY):
         append(cache, step(cache.rows, 1.0), step(cache.rows, 1.0))
     assert seen and set(seen) == {None}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reorders_of_any_pattern_equal_a_gather_of_the_rows(seed: int) -> None:
+    """Whether the moved rows are copied slice by slice (no row both read and written) or through a temporary
+    (a swap, a chain), every row ends up with its parent's written slots."""
+    rng = np.random.default_rng(seed)
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    cache.add(*memory(6, 2, 1.0))
+    for t in range(3):
+        append(cache, rng.standard_normal((2, 6, 3, 4)).astype(np.float32), step(6, float(t)))
+    for rows in (rng.integers(0, 6, 6), np.array([0, 1, 5, 3, 4, 5]), rng.permutation(6), np.array([4, 5, 2])):
+        expected = stacked(cache.self_keys)[:, rows, :, :3]  # (L, B', H, 3, Dh) the parents' written slots
+        cache.select(rows)
+        assert np.array_equal(stacked(cache.self_keys)[:, :, :, :3], expected)
