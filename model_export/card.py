@@ -148,9 +148,9 @@ LIMITATIONS = [
 
 
 def variant_bytes(folder: Path, variant: dict) -> int:
-    files = [variant[g]["file"] for g in ("encoder", "decoder_step")] + [
-        i["file"] for i in variant.get("shared_initializers", [])
-    ]
+    """Every file a variant's sessions open: its graphs (the encoder and each step graph) and its shared tables."""
+    graphs = [entry["file"] for entry in variant.values() if isinstance(entry, dict) and "file" in entry]
+    files = graphs + [table["file"] for table in variant.get("shared_initializers", [])]
     return sum((folder / name).stat().st_size for name in files)
 
 
@@ -162,7 +162,7 @@ def write_card(folder: Path, checkpoint: Checkpoint, corpus: Path, reports: list
     lines = [
         f"# {manifest['name']} {manifest['version']}: {title}",
         "",
-        f"{architecture(checkpoint)}. Graph variants: {sizes} (encoder + step decoder + shared tables); "
+        f"{architecture(checkpoint)}. Graph variants: {sizes} (each with all of its graphs and shared tables); "
         f"default `{default}`.",
         "",
         "```sh",

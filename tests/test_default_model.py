@@ -1,10 +1,12 @@
 """The shipped default model (models/en-fr) is served out of the box and translates software strings."""
 
+import json
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from model_export.card import variant_bytes
 from service.api import create_app
 from service.model_folder import load_model_folder
 from service.settings import SHIPPED_MODELS, Settings
@@ -23,6 +25,15 @@ def test_the_folder_is_intact_and_int8_by_default() -> None:
     assert manifest.default_variant == "int8" and set(manifest.variants) == {"fp32", "int8"}
     assert manifest.format_version == 6 and manifest.variants["int8"].decoder_step_single is not None  # one row
     assert (DEFAULT / "README.md").is_file() and (DEFAULT / "NOTICE").is_file()
+
+
+def test_the_cards_variant_sizes_are_the_folders() -> None:
+    variants = json.loads((DEFAULT / "manifest.json").read_text(encoding="utf-8"))["variants"]
+    sizes = ", ".join(f"{name} {variant_bytes(DEFAULT, v) / 1e6:.1f} MB" for name, v in variants.items())
+    assert (
+        f"Graph variants: {sizes} (each with all of its graphs and shared tables)"
+        in (DEFAULT / "README.md").read_text()
+    )
 
 
 def test_it_is_what_a_plain_start_serves(client: TestClient) -> None:

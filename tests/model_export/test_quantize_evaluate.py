@@ -168,3 +168,14 @@ def test_the_int8_variant_has_a_step_graph_for_one_row(quantized: Path) -> None:
         runtime.shared["decoder_step_single"][shared.names["decoder_step_single"]]
         is runtime.shared["encoder"][shared.names["encoder"]]
     )  # one buffer for all four graphs
+
+
+def test_the_model_cards_variant_size_counts_every_graph_and_shared_table(quantized: Path) -> None:
+    """The card's size of a variant is what its sessions open: for int8 the encoder, the step, ragged and one-row
+    step graphs and the shared embedding table (every `.int8.` file), not only the encoder and the step graph."""
+    from model_export.card import variant_bytes
+
+    variants = json.loads((quantized / "manifest.json").read_text(encoding="utf-8"))["variants"]
+    int8_files = [path for path in quantized.iterdir() if ".int8." in path.name]
+    assert {"decoder_step_single.int8.onnx", "embeddings.int8.bin"} <= {path.name for path in int8_files}
+    assert variant_bytes(quantized, variants["int8"]) == sum(path.stat().st_size for path in int8_files)
