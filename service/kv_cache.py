@@ -35,6 +35,7 @@ ArrayModule = ModuleType  # numpy, or cupy: the same array API over host or GPU 
 MIN_CAPACITY = 16  # time slots
 TIME_AXIS = 2  # of each layer's (R, H, T, Dh) buffer
 BUFFERS = ("self_keys", "self_values", "cross_keys", "cross_values")
+SLICED_ROWS = 4  # moved rows copied one slice each, when none is also read (see DecoderCache._copy_rows)
 
 
 def _live(name: str, count: str) -> property:
@@ -161,22 +162,23 @@ class DecoderCache:
 
     def _copy_rows(self, name: str, targets: np.ndarray, parents: np.ndarray, width: int) -> None:
         """Rows `targets` take rows `parents`' first `width` time slots, one layer at a time (a beam that
-        continues its own row, the common case, costs nothing). When no row is both read and written (always, for
-        beams that keep their count: a parent keeps its own row; and for the rows that fill finished ones: they come
-        from past the new count), each row is one slice copy, no temporary: 9 against 25 us for one row of the
-        default model's 6 buffers, 348 against 438 us for 17 of 128 rows of the paper size's 12 (numpy's fancy
-        indexing costs ~4 us per call before it moves a byte). Otherwise, and on the GPU (a kernel per slice), one
-        fancy-indexed copy per layer, whose right side is a temporary of one layer's moved rows, so that every
-        parent is read before any row is written; it beats np.take on this strided slice (3.5 vs 6.3 ms per
-        buffer at 128 rows, 20 of 32 slots)."""
+        continues its own row, the common case, costs nothing). Up to SLICED_ROWS rows of which none is both read
+        and written (always, for beams that keep their count: a parent keeps its own row; and for the rows that
+        fill finished ones: they come from past the new count) are each one slice copy, no temporary: numpy's fancy
+        indexing costs ~4 us per call before it moves a byte (one row of the default model's 6 buffers: 9 against
+        25 us). More rows, or rows read and written, or buffers on the GPU (a kernel per slice): one fancy-indexed
+        copy per layer, whose right side is a temporary of one layer's moved rows, so that every parent is read
+        before any row is written; past a few rows of a few slots it is the faster (16 rows of 2 slots: 44 against
+        91 us), and it beats np.take on this strided slice (3.5 vs 6.3 ms per buffer at 128 rows, 20 of 32 slots)."""
         if not targets.size or not width:
             return
-        pairs = list(zip(targets.tolist(), parents.tolist(), strict=True))
-        if not self.on_gpu and {t for t, _ in pairs}.isdisjoint(p for _, p in pairs):
-            for layer in self._store[name]:  # (R, H, T, Dh)
-                for target, parent in pairs:
-                    layer[target, :, :width] = layer[parent, :, :width]  # (H, width, Dh)
-            return
+        if not self.on_gpu and targets.size <= SLICED_ROWS:
+            pairs = list(zip(targets.tolist(), parents.tolist(), strict=True))
+            if {t for t, _ in pairs}.isdisjoint(p for _, p in pairs):
+                for layer in self._store[name]:  # (R, H, T, Dh)
+                    for target, parent in pairs:
+                        layer[target, :, :width] = layer[parent, :, :width]  # (H, width, Dh)
+                return
         targets, parents = self.xp.asarray(targets), self.xp.asarray(parents)  # (m,) on the buffers' device
         for layer in self._store[name]:  # (R, H, T, Dh)
             layer[targets, :, :width] = layer[parents, :, :width]  # (m, H, width, Dh)

@@ -321,14 +321,15 @@ def test_a_binding_is_kept_while_the_arrays_a_step_is_given_stay_the_same(monkey
 
 @pytest.mark.parametrize("seed", range(6))
 def test_reorders_of_any_pattern_equal_a_gather_of_the_rows(seed: int) -> None:
-    """Whether the moved rows are copied slice by slice (no row both read and written) or through a temporary
-    (a swap, a chain), every row ends up with its parent's written slots."""
+    """Whether the moved rows are copied slice by slice (a few, no row both read and written) or through a
+    temporary (a swap, a chain, many rows), every row ends up with its parent's written slots."""
     rng = np.random.default_rng(seed)
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(6, 2, 1.0))
     for t in range(3):
         append(cache, rng.standard_normal((2, 6, 3, 4)).astype(np.float32), step(6, float(t)))
-    for rows in (rng.integers(0, 6, 6), np.array([0, 1, 5, 3, 4, 5]), rng.permutation(6), np.array([4, 5, 2])):
+    patterns = (rng.integers(0, 6, 6), np.array([0, 1, 5, 3, 4, 5]), rng.permutation(6), np.array([4, 5, 2, 2]))
+    for rows in patterns + (np.array([3, 3, 3, 3, 3, 3]),):  # the last: 5 rows take row 3, past kv_cache.SLICED_ROWS
         expected = stacked(cache.self_keys)[:, rows, :, :3]  # (L, B', H, 3, Dh) the parents' written slots
         cache.select(rows)
         assert np.array_equal(stacked(cache.self_keys)[:, :, :, :3], expected)
