@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from model_export.checkpoint import Checkpoint
+from model_export.export import variant_files
 from model_export.model import Transformer
 
 
@@ -149,8 +150,7 @@ LIMITATIONS = [
 
 def variant_bytes(folder: Path, variant: dict) -> int:
     """Every file a variant's sessions open: its graphs (the encoder and each step graph) and its shared tables."""
-    graphs = [entry["file"] for entry in variant.values() if isinstance(entry, dict) and "file" in entry]
-    files = graphs + [table["file"] for table in variant.get("shared_initializers", [])]
+    files = variant_files(variant) + [table["file"] for table in variant.get("shared_initializers", [])]
     return sum((folder / name).stat().st_size for name in files)
 
 

@@ -18,12 +18,9 @@ from model_export import graph_io
 from model_export.checkpoint import Checkpoint
 from model_export.errors import ExportError
 from model_export.onnx_graphs import build_decoder_step, build_encoder
-from service.model_folder import FORMAT, MANIFEST, ModelFolder, load_model_folder, sha256_of
+from service.model_folder import FORMAT, GRAPHS, MANIFEST, ModelFolder, load_model_folder, sha256_of
 
 ENCODER_FILE, DECODER_FILE, RAGGED_FILE = "encoder.onnx", "decoder_step.onnx", "decoder_step_ragged.onnx"
-# a variant's graphs; the ragged step (format 5) and the one-row step (format 6, int8 only: model_export/quantize.py)
-# are optional
-GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single")
 
 
 def graph_entry(file: str, inputs: list[graph_io.TensorSpec], outputs: list[graph_io.TensorSpec]) -> dict:

@@ -173,10 +173,10 @@ class DecoderCache:
         if not targets.size or not width:
             return
         if not self.on_gpu and targets.size <= SLICED_ROWS:
-            pairs = list(zip(targets.tolist(), parents.tolist(), strict=True))
-            if {t for t, _ in pairs}.isdisjoint(p for _, p in pairs):
+            rows, sources = targets.tolist(), parents.tolist()
+            if set(rows).isdisjoint(sources):
                 for layer in self._store[name]:  # (R, H, T, Dh)
-                    for target, parent in pairs:
+                    for target, parent in zip(rows, sources, strict=True):
                         layer[target, :, :width] = layer[parent, :, :width]  # (H, width, Dh)
                 return
         targets, parents = self.xp.asarray(targets), self.xp.asarray(parents)  # (m,) on the buffers' device

@@ -28,6 +28,9 @@ FORMAT = "transformer-mt-model"
 # every format from OLDEST_FORMAT_VERSION on (service/runtime.py: step_candidates, OnnxRuntime).
 FORMAT_VERSION = 6
 OLDEST_FORMAT_VERSION = 3
+# a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5)
+# and one-row (format 6) step graphs
+GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single")
 ORT_DTYPES = {
     "tensor(float)": "float32",
     "tensor(float16)": "float16",
@@ -169,7 +172,7 @@ class Manifest(_Strict):
         tok = self.tokenizer
         names = [tok.source_model, tok.target_model] + ([tok.vocabulary] if tok.vocabulary else [])
         for variant in self.variants.values():
-            graphs = (variant.encoder, variant.decoder_step, variant.decoder_step_ragged, variant.decoder_step_single)
+            graphs = [getattr(variant, name) for name in GRAPHS]
             names += [graph.file for graph in graphs if graph] + [i.file for i in variant.shared_initializers]
         return names
 

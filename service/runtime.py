@@ -22,7 +22,7 @@ import numpy as np
 
 from service.errors import ModelFolderError
 from service.kv_cache import DecoderCache
-from service.model_folder import GraphSpec, ModelFolder, VariantSpec, check_graph_io
+from service.model_folder import GRAPHS, GraphSpec, ModelFolder, VariantSpec, check_graph_io
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -126,8 +126,7 @@ def usable_providers(requested: tuple[str, ...]) -> list[str]:
 def shared_initializers(folder: ModelFolder, variant: VariantSpec) -> dict[str, dict[str, ort.OrtValue]]:
     """Per graph, the constants its variant shares with the other graph, each read once into one buffer (the
     embedding table of a model with shared embeddings: 30 MB int8 at the paper's size)."""
-    graphs = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single")
-    shared: dict[str, dict[str, ort.OrtValue]] = {graph: {} for graph in graphs}
+    shared: dict[str, dict[str, ort.OrtValue]] = {graph: {} for graph in GRAPHS}
     for spec in variant.shared_initializers:
         path = folder.file(spec.file)
         try:
