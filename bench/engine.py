@@ -81,8 +81,8 @@ class Ours:
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
         steps = step_graph_options(loaded.manifest.config, Settings())  # the step graphs the server would run
-        settings = SessionSettings(providers, threads, experimental_gpu_fp16=True, **steps)
-        self.runtime = OnnxRuntime(loaded, variant, settings)  # fp16 on CUDA: its outputs are wrong (README "GPU")
+        settings = SessionSettings(providers, threads, **steps)
+        self.runtime = OnnxRuntime(loaded, variant, settings)
         if self.runtime.providers[0] != providers[0]:
             raise SystemExit(f"ONNX Runtime cannot run on {device} here (it offers {self.runtime.providers})")
         if device == "cuda":

@@ -105,6 +105,11 @@ def decoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
     specs = [
         TensorSpec("input_ids", "input_ids", "int64", ("batch",)),
         TensorSpec("positions", "positions", "int64", ("batch",)),
+        # GroupQueryAttention's, from the runtime (format 7; computed from `positions` in the graph before, where
+        # on CUDA the float16 step wrote every row at slot 0, as for a prompt's first step: README "GPU"): each row's
+        # cached steps, and the longest row with this step (which ONNX Runtime's CUDA kernel reads in host memory)
+        TensorSpec("seqlens_k", "seqlens_k", "int32", ("batch",)),
+        TensorSpec("total_sequence_length", "total_sequence_length", "int32", ()),
     ]
     for i in range(cfg.n_decoder_layers):
         specs.append(TensorSpec(f"self_key_{i}", "self_key", "float32", ("batch", h, "cache_len", dh), i))

@@ -21,7 +21,9 @@ from model_export.graph_io import TensorSpec
 from model_export.model import DecoderLayer, EncoderLayer, MultiHeadAttention, Transformer
 
 MASKED = float(np.finfo(np.float32).min)  # added to the score of a key that must not be attended
-DTYPES = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
+DTYPES = {
+    "float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32, "bool": TensorProto.BOOL
+}
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -258,9 +260,6 @@ def build_decoder_step(model: Transformer, ragged: bool = False) -> onnx.ModelPr
     sentence's own source length (graph_io.decoder_ragged_outputs)."""
     cfg, g = model.cfg, GraphBuilder()
     pre_norm = cfg.norm_position == "pre"
-    g.op("Cast", "positions", to=TensorProto.INT32, out="seqlens_k")  # (B,) cached steps per row
-    longest = g.op("Add", g.op("ReduceMax", "positions", keepdims=0), g.const("one", np.int64(1)))  # ()
-    g.op("Cast", longest, to=TensorProto.INT32, out="total_sequence_length")  # () the longest row with this step
     if ragged:
         _source_lengths(g, cfg)
     else:

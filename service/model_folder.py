@@ -26,7 +26,7 @@ FORMAT = "transformer-mt-model"
 # optional); 6: a third step graph, for steps of one row, whose products read 8-bit weights in blocks
 # (`decoder_step_single`, optional, int8 variants). model_export writes FORMAT_VERSION (graph_io); the server reads
 # every format from OLDEST_FORMAT_VERSION on (service/runtime.py: step_candidates, OnnxRuntime).
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 OLDEST_FORMAT_VERSION = 3
 # a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5)
 # and one-row (format 6) step graphs
@@ -35,6 +35,7 @@ ORT_DTYPES = {
     "tensor(float)": "float32",
     "tensor(float16)": "float16",
     "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
     "tensor(bool)": "bool",
 }
 
@@ -46,7 +47,7 @@ class _Strict(BaseModel):
 class TensorSpec(_Strict):
     name: str
     role: str
-    dtype: Literal["float32", "float16", "int64", "bool"]
+    dtype: Literal["float32", "float16", "int64", "int32", "bool"]
     shape: list[str | int]
     layer: int | None = None
 

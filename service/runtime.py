@@ -42,7 +42,6 @@ class SessionSettings:
     single_row_step: bool = True  # open the folder's step graph for one row (format 6), if it has one (CPU only)
     single_row_rows: int = 1  # ... and run it for steps of at most this many rows (the server decides by the
     # decoder's size: service/translator.py, single_row_rows)
-    experimental_gpu_fp16: bool = False  # run a float16 cache on CUDA although it failed its GPU tests (see below)
     shared_arena: bool = True  # CPU sessions draw on one process-wide arena (share_cpu_arena), not one each
     profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON files named so (bench/step.py)
 
@@ -82,6 +81,8 @@ class Binding:
     binding: ort.IOBinding
     input_ids: np.ndarray  # (B,) bound; each step copies its tokens in
     outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, width)[, log_probs (B, V)], bound
+    per_step: tuple[tuple[str, np.ndarray], ...]  # (name, array): the inputs changed in place each step
+    attention_lengths: tuple[np.ndarray, np.ndarray] | None  # seqlens_k (B,), total_sequence_length () int32, bound
 
     @property
     def ragged(self) -> bool:
@@ -167,32 +168,27 @@ def step_candidates(folder: ModelFolder, variant: VariantSpec) -> Candidates:
     return Candidates(banned, is_banned, most - len(banned), chosen)
 
 
-def refuse_unverified_gpu_fp16(providers: list[str], cache_dtype: str, allowed: bool, where: Path) -> None:
-    """A float16 step graph on CUDA is refused: on the one GPU we had (H200, onnxruntime-gpu 1.31.1 with its
-    kernels for other GPUs removed to fit the transfer), CUDA GroupQueryAttention did not write the decoder cache
-    bound in place, so its translations were wrong (tests/service/test_gpu.py, README "GPU"). float32 on CUDA passed
-    (its self-attention runs on the CPU provider). `allowed` (tests, benchmarks) runs it anyway."""
-    if providers[0] == "CUDAExecutionProvider" and cache_dtype == "float16" and not allowed:
-        raise ModelFolderError(
-            f"{where}: a float16 variant on CUDA failed its GPU tests (the decoder cache was not updated): run "
-            "variant fp32 with MT_PROVIDERS=cuda, or fp16/int8 on the CPU"
-        )
-
-
-def gpu_array_module(providers: list[str], cache_dtype: str) -> ModuleType | None:
-    """CuPy, where the cache should live in GPU memory: the step graph runs on CUDA and its self-attention
+def gpu_array_module(providers: list[str], cache_dtype: str, lengths_given: bool, where: Path) -> ModuleType | None:
+    """CuPy, where the cache must live in GPU memory: the step graph runs on CUDA and its self-attention
     (GroupQueryAttention) has a CUDA kernel for the cache's dtype (float16; float32 runs on the CPU provider, beside
-    a host cache). None: a host (numpy) cache, with a warning when CuPy is what is missing."""
+    a host cache). None: a host (numpy) cache. A float16 step on CUDA is refused, with what to do, when its graph
+    computes GroupQueryAttention's lengths itself (before format 7: the CUDA kernel read the total as 1 and wrote
+    every row at slot 0, README "GPU"), or when CuPy is missing (a host cache bound to a CUDA node is copied to the
+    GPU when it is bound, not at each step)."""
     if providers[0] != "CUDAExecutionProvider" or cache_dtype != "float16":
         return None
-    try:
-        import cupy  # not in the CUDA image: a float16 variant on CUDA is refused for now (refuse_unverified_gpu_fp16)
-    except ImportError:
-        log.warning(
-            "CuPy is not installed: the decoder cache stays in host memory and is copied to the GPU every "
-            "step; install cupy-cuda13x to keep it on the GPU"
+    if not lengths_given:
+        raise ModelFolderError(
+            f"{where}: this float16 step graph (format 6 or older) translates wrong on CUDA: export the model folder "
+            "again with this version (format 7) and add its fp16 variant, or run variant fp32 with MT_PROVIDERS=cuda"
         )
-        return None
+    try:
+        import cupy
+    except ImportError:
+        raise ModelFolderError(
+            f"{where}: a float16 variant on CUDA keeps the decoder cache in GPU memory, through CuPy: install "
+            "cupy-cuda13x (or cupy-cuda12x, as your CUDA), or run variant fp32 with MT_PROVIDERS=cuda"
+        ) from None
     return cupy
 
 
@@ -293,6 +289,10 @@ class OnnxRuntime:
             release_freed_memory()
             self._ragged_present = {role: ragged.named(f"present_cross_{role}") for role in ("key", "value")}
         self.providers = self.decoder.get_providers()
+        # ONNX Runtime copies a host input that a CUDA node reads when it is bound (IOBinding.bind_cpu_input), not
+        # when the graph runs: on CUDA, step() binds again the two that change in place every step (the others
+        # change only with a new binding: DecoderCache._changed)
+        self._rebind_host_inputs = self.providers[0] != "CPUExecutionProvider"
         on_cpu = self.providers == ["CPUExecutionProvider"]
         single = spec.decoder_step_single if settings.single_row_step and on_cpu else None  # format 6, and wanted
         self.single: ort.InferenceSession | None = None
@@ -317,9 +317,10 @@ class OnnxRuntime:
         self._dec_out = {role: outputs[dec.one(role)] for role in ("top_log_probs", "top_ids", "log_probs")}
         self.candidates = step_candidates(folder, spec)  # what the step's top-K gives each row
         self._dec_top_k = dec.one("top_k") if self.candidates.chosen else None
+        lengths = ("seqlens_k", "total_sequence_length")  # format 7: given, not computed in the graph
+        self._dec_lengths = tuple(dec.one(role) for role in lengths) if dec.named("seqlens_k") else None
         self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
-        refuse_unverified_gpu_fp16(self.providers, self.cache_dtype, settings.experimental_gpu_fp16, folder.path)
-        self.gpu = gpu_array_module(self.providers, self.cache_dtype)  # None: the cache in host memory
+        self.gpu = gpu_array_module(self.providers, self.cache_dtype, self._dec_lengths is not None, folder.path)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(self.n_layers, self.n_heads, self.head_dim, self.cache_dtype, self.gpu or np)
@@ -350,6 +351,13 @@ class OnnxRuntime:
         if bound is None or bound.full != full or bound.width != width:
             bound = cache.bound = self._bind(cache, full, width, self._step_graph(cache))
         bound.input_ids[:] = input_ids  # (B,)
+        if bound.attention_lengths is not None:
+            seqlens_k, total = bound.attention_lengths
+            np.copyto(seqlens_k, cache.lengths, casting="unsafe")  # (B,) int32: each row's cached steps
+            total[...] = seqlens_k.max() + 1  # () the longest row with this step
+        if self._rebind_host_inputs:
+            for name, array in bound.per_step:
+                bound.binding.bind_cpu_input(name, array)  # copied to the GPU here, not at the run
         if cache.on_gpu:
             cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
         self.steps[bound.graph].run_with_iobinding(bound.binding)
@@ -386,13 +394,21 @@ class OnnxRuntime:
         if self._dec_top_k is not None:
             binding.bind_cpu_input(self._dec_top_k, np.array([width], np.int64))  # (1,)
         input_ids = np.zeros(cache.rows, np.int64)  # (B,) each step's tokens, copied in
-        for role, array in (
+        host_inputs = (
             ("input_ids", input_ids),  # (B,)
             ("positions", cache.lengths),  # (B,) = each row's cached steps, counted in place by `advance`
             ("src_mask", cache.src_mask),  # (N, S)
             ("sentence_rows", cache.sentence_rows),  # (N, G)
             ("row_slots", cache.row_slots),  # (B,)
-        ):
+        )
+        per_step = [(self._dec_one[role], array) for role, array in host_inputs[:2]]  # input_ids, positions
+        lengths = None
+        if self._dec_lengths is not None:
+            lengths = (np.zeros(cache.rows, np.int32), np.zeros((), np.int32))  # (B,), (): set by each step
+            per_step += zip(self._dec_lengths, lengths, strict=True)
+            binding.bind_cpu_input(self._dec_lengths[0], lengths[0])
+            binding.bind_cpu_input(self._dec_lengths[1], lengths[1])
+        for role, array in host_inputs:
             if not array.flags.c_contiguous:  # bound by reference: a contiguous copy would not see later updates
                 raise ValueError(f"{role} must be a contiguous array")
             binding.bind_cpu_input(self._dec_one[role], array)
@@ -403,7 +419,7 @@ class OnnxRuntime:
             bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
         else:
             bind_host_cache(binding, self._dec_in, self._dec_present, cache, self._ragged_present if ragged else {})
-        return Binding(full, width, graph, binding, input_ids, tuple(outputs.values()))
+        return Binding(full, width, graph, binding, input_ids, tuple(outputs.values()), tuple(per_step), lengths)
 
     def _outputs(self, rows: int, full: bool, width: int) -> dict[str, np.ndarray]:
         """Host arrays for the step's outputs, by name, top_log_probs and top_ids first; log_probs only if `full`.

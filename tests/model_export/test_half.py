@@ -80,7 +80,8 @@ def test_make_default_and_a_folder_without_fp32(halved: Path, tmp_path: Path) ->
 def test_a_float16_graph_declared_float32_is_refused(halved: Path, tmp_path: Path) -> None:
     folder = Path(shutil.copytree(halved, tmp_path / "w"))
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["variants"]["fp16"]["decoder_step"]["inputs"][2]["dtype"] = "float32"
+    cache = next(s for s in manifest["variants"]["fp16"]["decoder_step"]["inputs"] if s["role"] == "self_key")
+    cache["dtype"] = "float32"
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelFolderError, match="is tensor\\(float16\\) of rank 4 in the graph, float32"):
         OnnxRuntime(load_model_folder(folder, verify_checksums=False), "fp16")

@@ -76,8 +76,8 @@ def test_manifest_field_missing(folder: Path) -> None:
 
 
 def test_newer_format_version(folder: Path) -> None:
-    edit_manifest(folder, lambda m: m.update(format_version=7))
-    with pytest.raises(ModelFolderError, match="format_version 7 is newer than 6.*run a server as new"):
+    edit_manifest(folder, lambda m: m.update(format_version=8))
+    with pytest.raises(ModelFolderError, match="format_version 8 is newer than 7.*run a server as new"):
         load_model_folder(folder)
 
 

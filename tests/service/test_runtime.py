@@ -23,7 +23,6 @@ from service.runtime import (
     OnnxRuntime,
     SessionSettings,
     gpu_array_module,
-    refuse_unverified_gpu_fp16,
     usable_providers,
 )
 from service.settings import SHIPPED_MODELS, Settings, available_cores
@@ -58,28 +57,24 @@ def test_cuda_requested_without_cuda_falls_back_to_cpu_with_a_warning(
     assert "execution provider CUDAExecutionProvider is not available" in caplog.text
 
 
-def test_the_cache_lives_in_gpu_memory_only_beside_a_cuda_float16_step(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+def test_the_cache_lives_in_gpu_memory_only_beside_a_cuda_float16_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda, where = ["CUDAExecutionProvider", "CPUExecutionProvider"], Path("m")
     fake_cupy = types.ModuleType("cupy")
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    assert gpu_array_module(cuda, "float16") is fake_cupy
-    assert gpu_array_module(cuda, "float32") is None  # float32 GroupQueryAttention runs on the CPU provider
-    assert gpu_array_module(["CPUExecutionProvider"], "float16") is None
+    assert gpu_array_module(cuda, "float16", True, where) is fake_cupy
+    assert gpu_array_module(cuda, "float32", True, where) is None  # float32 GroupQueryAttention runs on the CPU
+    assert gpu_array_module(cuda, "float32", False, where) is None  # ... so an older graph's lengths are read right
+    assert gpu_array_module(["CPUExecutionProvider"], "float16", False, where) is None
+
+
+def test_a_float16_variant_on_cuda_needs_a_format_7_step_graph_and_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda, where = ["CUDAExecutionProvider", "CPUExecutionProvider"], Path("m")
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    with pytest.raises(ModelFolderError, match="m: this float16 step graph .* export the model folder again"):
+        gpu_array_module(cuda, "float16", False, where)
     monkeypatch.setitem(sys.modules, "cupy", None)  # not installed: the import fails
-    with caplog.at_level(logging.WARNING, logger="service.runtime"):
-        assert gpu_array_module(cuda, "float16") is None
-    assert "CuPy is not installed: the decoder cache stays in host memory" in caplog.text
-
-
-def test_a_float16_variant_on_cuda_is_refused_until_its_gpu_tests_pass() -> None:
-    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    with pytest.raises(ModelFolderError, match="run variant fp32 with MT_PROVIDERS=cuda"):
-        refuse_unverified_gpu_fp16(cuda, "float16", allowed=False, where=Path("m"))
-    refuse_unverified_gpu_fp16(cuda, "float32", allowed=False, where=Path("m"))
-    refuse_unverified_gpu_fp16(["CPUExecutionProvider"], "float16", allowed=False, where=Path("m"))
-    refuse_unverified_gpu_fp16(cuda, "float16", allowed=True, where=Path("m"))
+    with pytest.raises(ModelFolderError, match="keeps the decoder cache in GPU memory, through CuPy: install"):
+        gpu_array_module(cuda, "float16", True, where)
 
 
 @pytest.mark.parametrize(("batching", "encoder_threads"), [("continuous", 1), ("static", 2)])
