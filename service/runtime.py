@@ -172,8 +172,8 @@ def gpu_array_module(providers: list[str], cache_dtype: str, lengths_given: bool
     """CuPy, where the cache must live in GPU memory: the step graph runs on CUDA and its self-attention
     (GroupQueryAttention) has a CUDA kernel for the cache's dtype (float16; float32 runs on the CPU provider, beside
     a host cache). None: a host (numpy) cache. A float16 step on CUDA is refused, with what to do, when its graph
-    computes GroupQueryAttention's lengths itself (before format 7: the CUDA kernel read the total as 1 and wrote
-    every row at slot 0, README "GPU"), or when CuPy is missing (a host cache bound to a CUDA node is copied to the
+    computes GroupQueryAttention's lengths itself (before format 7: on CUDA it wrote every row at slot 0, as for a
+    prompt's first step, README "GPU"), or when CuPy is missing (a host cache bound to a CUDA node is copied to the
     GPU when it is bound, not at each step)."""
     if providers[0] != "CUDAExecutionProvider" or cache_dtype != "float16":
         return None
