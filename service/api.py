@@ -48,6 +48,7 @@ from service.translator import (
     Registry,
     TranslateOptions,
     Translator,
+    chosen_variant,
     decoder_streams,
     intra_op_threads,
     load_translators,
@@ -641,7 +642,7 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         "version": manifest.version,
         "source_language": manifest.source_language,
         "target_languages": manifest.target_languages,
-        "variant": settings.variant or manifest.default_variant,
+        "variant": chosen_variant(translator.folder, settings),
         "variants": sorted(manifest.variants),
         "providers": translator.scheduler.providers,
         "decoder_streams": decoder_streams(manifest.config, settings),  # each with its own batch, cache and threads

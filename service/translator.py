@@ -6,6 +6,7 @@ languages and model name select one. Knows languages and options; knows nothing 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import threading
 import time
@@ -89,7 +90,7 @@ class Translator:
         ids = manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
-        most = step_candidates(folder, folder.variant(settings.variant)).most  # candidates per row, at most
+        most = step_candidates(folder, folder.variant(chosen_variant(folder, settings))).most  # per row, at most
         self.max_beam = (most - 1) // 2  # beam k takes 2k + 1 (decoding.candidates)
         limits = batch_limits(settings)
         self.cores = cores  # where its decoding streams run, if pinned (service/placement.py)
@@ -332,7 +333,7 @@ def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
     """The step graphs the model's engine opens, for its start-up line: the step graph, the ragged one (format 5,
     ragged_step), the one-row one (format 6, an int8 variant on CPU, MT_SINGLE_ROW_STEP); for an int8 folder from
     before format 6, the command that adds the one-row graph."""
-    variant = folder.variant(settings.variant)
+    variant = folder.variant(chosen_variant(folder, settings))
     graphs = ["step"]
     if variant.decoder_step_ragged is not None and ragged_step(folder.manifest.config, settings):
         graphs.append("ragged")
@@ -365,6 +366,36 @@ def decoder_streams(cfg: Architecture, settings: Settings) -> int:
     return 2 if large and available_cores() >= 2 and "cuda" not in settings.providers else 1
 
 
+def chosen_variant(folder: ModelFolder, settings: Settings) -> str:
+    """MT_VARIANT, or the manifest's default; but where CUDA is asked for and ONNX Runtime has it, an int8 default
+    (whose products, DynamicQuantizeMatMul, have no CUDA kernel and run on the CPU) gives way to fp16 where it can
+    run on CUDA (format 7, CuPy: runtime.gpu_array_module; 2.2x fp32's throughput on an H200, README "GPU"), else
+    to fp32."""
+    manifest = folder.manifest
+    if settings.variant:
+        return settings.variant
+    default = manifest.default_variant
+    if not cuda_present(settings) or manifest.variants[default].precision != "int8":
+        return default
+    fp16 = manifest.variants.get("fp16")
+    if fp16 is not None and any(s.role == "seqlens_k" for s in fp16.decoder_step.inputs) and has_cupy():
+        return "fp16"
+    return "fp32" if "fp32" in manifest.variants else default
+
+
+def cuda_present(settings: Settings) -> bool:
+    """CUDA is asked for (MT_PROVIDERS) and this onnxruntime build has it."""
+    if "cuda" not in settings.providers:
+        return False
+    import onnxruntime as ort  # only here: a CPU server's own process never loads it (service/runtime.py)
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def has_cupy() -> bool:
+    return importlib.util.find_spec("cupy") is not None
+
+
 def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:
     session = SessionSettings(
         settings.ort_providers(),
@@ -373,7 +404,7 @@ def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:
         encoder_threads=settings.encoder_session_threads(),
         **step_graph_options(folder.manifest.config, settings),
     )
-    return OnnxRuntime(folder, settings.variant, session)
+    return OnnxRuntime(folder, chosen_variant(folder, settings), session)
 
 
 def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) -> list[Translator]:
@@ -386,7 +417,7 @@ def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) ->
         path = folder.path
         runtime = None if settings.engine_process else open_runtime(folder, settings)
         translator = Translator(folder, settings, metrics, runtime, placed[index] if placed else None)
-        variant = settings.variant or folder.manifest.default_variant
+        variant = chosen_variant(folder, settings)
         provider = translator.scheduler.providers[0]
         metrics.model_info.labels(translator.name, translator.version, variant, provider).set(1)
         where = "an engine process" if settings.engine_process else "the server process"

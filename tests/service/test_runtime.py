@@ -29,6 +29,7 @@ from service.settings import SHIPPED_MODELS, Settings, available_cores
 from service.translator import (
     SHARED_STEP_MACS,
     Translator,
+    chosen_variant,
     decoder_macs_per_token,
     decoder_streams,
     intra_op_threads,
@@ -476,3 +477,35 @@ def test_a_decoder_whose_weights_stream_from_memory_runs_the_one_row_graph_for_a
         graphs.append((cache.rows, cache.bound.graph))
     single, step = "decoder_step_single", "decoder_step"
     assert graphs == [(1, single), (2, single), (3, step), (3, step), (2, single), (2, single)]
+
+
+def test_on_cuda_an_int8_default_gives_way_to_fp16_where_it_runs_else_fp32(
+    quantized: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int8's products have no CUDA kernel: with CUDA asked for and present, a folder whose default is int8 runs
+    fp16 if it can run on CUDA (format 7, CuPy), else fp32; MT_VARIANT, CPU runs and a build without CUDA keep it."""
+    from model_export.half import add_fp16_variant
+    from service import translator
+
+    path = Path(shutil.copytree(quantized, tmp_path / "m"))
+    add_fp16_variant(path)
+    manifest = json.loads((path / MANIFEST).read_text())
+    (path / MANIFEST).write_text(json.dumps({**manifest, "default_variant": "int8"}))
+    folder = load_model_folder(path, verify_checksums=False)
+    cuda, cpu = Settings(providers=["cuda", "cpu"]), Settings(providers=["cpu"])
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert chosen_variant(folder, cuda) == "int8"  # an onnxruntime build without CUDA
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(translator, "has_cupy", lambda: True)
+    assert chosen_variant(folder, cuda) == "fp16"
+    assert chosen_variant(folder, cpu) == "int8"
+    assert chosen_variant(folder, Settings(providers=["cuda", "cpu"], variant="int8")) == "int8"
+    monkeypatch.setattr(translator, "has_cupy", lambda: False)
+    assert chosen_variant(folder, cuda) == "fp32"
+    monkeypatch.setattr(translator, "has_cupy", lambda: True)
+    fp16 = manifest["variants"]["fp16"]["decoder_step"]
+    fp16["inputs"] = [s for s in fp16["inputs"] if s["role"] not in ("seqlens_k", "total_sequence_length")]
+    (path / MANIFEST).write_text(json.dumps({**manifest, "default_variant": "int8"}))  # an fp16 step of format 6
+    assert chosen_variant(load_model_folder(path, verify_checksums=False), cuda) == "fp32"
+    (path / MANIFEST).write_text(json.dumps({**manifest, "default_variant": "fp32"}))
+    assert chosen_variant(load_model_folder(path, verify_checksums=False), cuda) == "fp32"  # not int8: kept
