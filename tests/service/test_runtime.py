@@ -509,3 +509,45 @@ def test_on_cuda_an_int8_default_gives_way_to_fp16_where_it_runs_else_fp32(
     assert chosen_variant(load_model_folder(path, verify_checksums=False), cuda) == "fp32"
     (path / MANIFEST).write_text(json.dumps({**manifest, "default_variant": "fp32"}))
     assert chosen_variant(load_model_folder(path, verify_checksums=False), cuda) == "fp32"  # not int8: kept
+
+
+def _scheduled(
+    runtime: OnnxRuntime, rules: TokenRules, sources: list[list[int]], options: list[SearchOptions]
+) -> list[object]:
+    """Each sentence's best tokens (or its error), the sentences joining a running continuous batch one per
+    iteration."""
+    from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+
+    scheduler = Scheduler(runtime, rules, BatchLimits(), Metrics(), "t")
+    tickets = []
+    for source, option in zip(sources, options, strict=True):
+        tickets.append(Ticket(1, 1e18, lambda ticket: None))
+        scheduler.submit([SentenceJob(source, option, tickets[-1], 0)])
+        scheduler.run_once()
+    while not scheduler.idle:
+        scheduler.run_once()
+    return [ticket.results[0][0].tokens if ticket.error is None else ticket.error for ticket in tickets]
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])  # int8: its one-row step graph too
+def test_steps_are_right_where_host_inputs_are_copied_when_bound(
+    quantized: Path, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA, ONNX Runtime copies an input bound from host memory to the GPU when it is bound, not at each run
+    (README "GPU"). Here the CPU is made to do the same: with the runtime's rebinding on (as on CUDA), a continuous
+    batch (greedy and beam rows joining, reordering and leaving) gives every sentence its result; with it off, as
+    before the fix, it does not."""
+    folder = load_model_folder(quantized)
+    rng = np.random.default_rng(5)
+    ids = folder.manifest.special_ids
+    rules, eos = TokenRules(ids.decoder_start, ids.eos, ids.pad), ids.eos
+    sources = [[int(t) for t in rng.integers(4, 90, size=int(rng.integers(2, 12)))] + [eos] for _ in range(8)]
+    options = [SearchOptions(beam_size=3 if i % 3 == 0 else 1, max_new_tokens=12) for i in range(len(sources))]
+    expected = _scheduled(OnnxRuntime(folder, variant), rules, sources, options)
+    bind = ort.IOBinding.bind_cpu_input
+    monkeypatch.setattr(ort.IOBinding, "bind_cpu_input", lambda self, name, array: bind(self, name, np.array(array)))
+    copied = OnnxRuntime(folder, variant)
+    stale = OnnxRuntime(folder, variant)
+    copied._rebind_host_inputs = True  # what a CUDA session sets (OnnxRuntime.__init__)
+    assert _scheduled(copied, rules, sources, options) == expected
+    assert _scheduled(stale, rules, sources, options) != expected
