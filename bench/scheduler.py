@@ -23,7 +23,7 @@ from service.metrics import Metrics
 from service.model_folder import load_model_folder
 from service.scheduler import Scheduler, SentenceJob, Streams, Ticket
 from service.settings import Settings
-from service.translator import TranslateOptions, Translator, chosen_variant, decoder_streams, open_runtime
+from service.translator import TranslateOptions, Translator, decoder_streams, open_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     sentences = [(ids, translator.search_options(len(ids), options)) for ids in encoded]  # the server's caps
     translator.warm_up()
     scheduler.start()
-    print(f"{folder.manifest.name}, {chosen_variant(folder, settings)}, {settings.batching}, "
+    print(f"{folder.manifest.name}, {translator.variant}, {settings.batching}, "
           f"{decoder_streams(folder.manifest.config, settings)} stream(s), providers {runtime.providers[0]}")
     print("| clients | sentences/s | target tok/s | CPU µs per target token |\n|---:|---:|---:|---:|")
     try:

@@ -48,7 +48,6 @@ from service.translator import (
     Registry,
     TranslateOptions,
     Translator,
-    chosen_variant,
     decoder_streams,
     intra_op_threads,
     load_translators,
@@ -642,7 +641,7 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         "version": manifest.version,
         "source_language": manifest.source_language,
         "target_languages": manifest.target_languages,
-        "variant": chosen_variant(translator.folder, settings),
+        "variant": translator.variant,
         "variants": sorted(manifest.variants),
         "providers": translator.scheduler.providers,
         "decoder_streams": decoder_streams(manifest.config, settings),  # each with its own batch, cache and threads

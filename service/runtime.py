@@ -289,11 +289,11 @@ class OnnxRuntime:
             release_freed_memory()
             self._ragged_present = {role: ragged.named(f"present_cross_{role}") for role in ("key", "value")}
         self.providers = self.decoder.get_providers()
-        # ONNX Runtime copies a host input that a CUDA node reads when it is bound (IOBinding.bind_cpu_input), not
-        # when the graph runs: on CUDA, step() binds again the two that change in place every step (the others
-        # change only with a new binding: DecoderCache._changed)
-        self._rebind_host_inputs = self.providers[0] != "CPUExecutionProvider"
         on_cpu = self.providers == ["CPUExecutionProvider"]
+        # ONNX Runtime copies a host input that a CUDA node reads when it is bound (IOBinding.bind_cpu_input), not
+        # when the graph runs: on CUDA, step() binds again those that change in place every step (the others
+        # change only with a new binding: DecoderCache._changed)
+        self._rebind_host_inputs = not on_cpu
         single = spec.decoder_step_single if settings.single_row_step and on_cpu else None  # format 6, and wanted
         self.single: ort.InferenceSession | None = None
         if single is not None:
@@ -405,9 +405,9 @@ class OnnxRuntime:
         lengths = None
         if self._dec_lengths is not None:
             lengths = (np.zeros(cache.rows, np.int32), np.zeros((), np.int32))  # (B,), (): set by each step
-            per_step += zip(self._dec_lengths, lengths, strict=True)
-            binding.bind_cpu_input(self._dec_lengths[0], lengths[0])
-            binding.bind_cpu_input(self._dec_lengths[1], lengths[1])
+            for name, array in zip(self._dec_lengths, lengths, strict=True):
+                binding.bind_cpu_input(name, array)
+                per_step.append((name, array))
         for role, array in host_inputs:
             if not array.flags.c_contiguous:  # bound by reference: a contiguous copy would not see later updates
                 raise ValueError(f"{role} must be a contiguous array")

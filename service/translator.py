@@ -90,7 +90,8 @@ class Translator:
         ids = manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
-        most = step_candidates(folder, folder.variant(chosen_variant(folder, settings))).most  # per row, at most
+        self.variant = chosen_variant(folder, settings)  # MT_VARIANT, or as the providers make it
+        most = step_candidates(folder, folder.variant(self.variant)).most  # candidates per row, at most
         self.max_beam = (most - 1) // 2  # beam k takes 2k + 1 (decoding.candidates)
         limits = batch_limits(settings)
         self.cores = cores  # where its decoding streams run, if pinned (service/placement.py)
@@ -378,7 +379,7 @@ def chosen_variant(folder: ModelFolder, settings: Settings) -> str:
     if not cuda_present(settings) or manifest.variants[default].precision != "int8":
         return default
     fp16 = manifest.variants.get("fp16")
-    if fp16 is not None and any(s.role == "seqlens_k" for s in fp16.decoder_step.inputs) and has_cupy():
+    if fp16 is not None and fp16.decoder_step.named("seqlens_k") and has_cupy():  # format 7, as the runtime asks
         return "fp16"
     return "fp32" if "fp32" in manifest.variants else default
 
@@ -417,7 +418,7 @@ def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) ->
         path = folder.path
         runtime = None if settings.engine_process else open_runtime(folder, settings)
         translator = Translator(folder, settings, metrics, runtime, placed[index] if placed else None)
-        variant = chosen_variant(folder, settings)
+        variant = translator.variant
         provider = translator.scheduler.providers[0]
         metrics.model_info.labels(translator.name, translator.version, variant, provider).set(1)
         where = "an engine process" if settings.engine_process else "the server process"
