@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.machine import describe, headline
 from model_export import graph_io
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -557,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every engine on the GPU")
     parser.add_argument("--skip-forced", action="store_true", help="default: only the real-text run")
     args = parser.parse_args(argv)
+    machine = describe(args.device)
+    print(headline(machine), flush=True)
     which = (args.engines or (GPU_ENGINES if args.device == "cuda" else CPU_ENGINES)).split(",")
     real_text_run = args.model == "default" and (args.corpus / "test.en").is_file()
     if args.model == "default" and not real_text_run:
@@ -583,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     if real:
         print("\nReal text: the default model's test set, greedy, batch 32\n" + real)
     out = WORK / f"engine-{args.model}{'-cuda' if args.device == 'cuda' else ''}.json"
-    out.write_text(json.dumps({"results": [asdict(r) for r in results], "loaded_rss_mb": loaded}, indent=2))
+    result = {"machine": machine, "results": [asdict(r) for r in results], "loaded_rss_mb": loaded}
+    out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
     return 0
 

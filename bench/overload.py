@@ -29,6 +29,7 @@ import httpx
 import numpy as np
 
 from bench.load import Connection, run_load
+from bench.machine import describe, headline
 from bench.server import free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -321,6 +322,8 @@ def sustainable_rate(port: int, body: Callable[[int], bytes], seconds: float, cl
 
 
 def run(args: argparse.Namespace) -> dict:
+    machine = describe()
+    print(headline(machine), flush=True)
     models_dir = bench_models_dir(args.models_dir, args.bench_model)
     body = body_maker(bench_sentences())
     env = dict(item.split("=", 1) for item in args.server_env)
@@ -352,7 +355,8 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         stop_server(server)
     print_tables(rows, recovery, trace.samples)
-    result = {"calibration": calibration, "phases": rows, "recovery": recovery, "rss": trace.samples}
+    result = {"machine": machine, "calibration": calibration, "phases": rows, "recovery": recovery}
+    result["rss"] = trace.samples
     out = ROOT / "runs" / "bench" / "overload.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

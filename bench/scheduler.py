@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.machine import describe, headline
 from service.decoding import SearchOptions
 from service.engine_process import EngineProcess
 from service.metrics import Metrics
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--sentences", type=int, default=1000)
     args = parser.parse_args(argv)
+    print(headline(describe()), flush=True)
     settings = Settings()
     folder = load_model_folder(args.model, verify_checksums=False)
     runtime = open_runtime(folder, settings)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.machine import describe, headline
 from bench.overload import (
     BENCH_MODELS,
     ROOT,
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     windows = max(2, round(args.minutes * 60 / window_seconds))
     warm_windows = max(1, round(warmup * 60 / window_seconds))
 
+    machine = describe()
+    print(headline(machine), flush=True)
     models_dir = bench_models_dir(args.models_dir, args.bench_model)
     port = free_port()
     server = start_server(models_dir, port, dict(item.split("=", 1) for item in args.server_env))
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(limit {100 * MAX_GROWTH:.0f}%): {'PASS' if verdict else 'FAIL'}")
     out = ROOT / "runs" / "bench" / "soak.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rate": rate, "windows": rows, "rss_growth": growth, "errors": errors}, indent=2))
+    result = {"machine": machine, "rate": rate, "windows": rows, "rss_growth": growth, "errors": errors}
+    out.write_text(json.dumps(result, indent=2))
     return 0 if verdict else 1
 
 

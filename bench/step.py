@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.machine import describe, headline
 from service.decoding import SearchOptions, candidates
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = threads * len(rows) if len(threads) == 1 else threads
     if len(threads) != len(rows) or any(r % args.beam for r in rows):
         parser.error("--threads takes one value or one per --rows value; every --rows value a multiple of --beam")
+    print(headline(describe()), flush=True)
     columns = [
         profile_step(
             args.model, args.variant, t, Workload(r // args.beam, args.beam, args.source, args.slots, args.steps)

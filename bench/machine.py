@@ -1,0 +1,144 @@
+"""The machine a benchmark ran on: printed above its tables and saved with its figures (the issue asks for every
+table with the machine it was measured on). On this project's small shared machines the CPU decides as much as
+the code: CTranslate2 picks its int8 backend by vendor (Intel MKL on Intel, oneDNN elsewhere), ONNX Runtime its
+int8 kernels by instruction set (AVX-512 VNNI, AVX-VNNI, AVX2), and a CPU quota or an affinity mask can leave a
+process fewer cores than the machine has.
+
+    python -m bench.machine        # the headline and the whole description, as JSON
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from service.settings import available_cores
+
+# The instruction sets the int8 and float kernels of ONNX Runtime and CTranslate2 choose between, as /proc/cpuinfo
+# names them, and how the headline writes them
+ISA = {
+    "avx2": "AVX2",
+    "avx512f": "AVX-512",
+    "avx512_vnni": "AVX-512 VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "avx512_bf16": "AVX-512 BF16",
+    "amx_int8": "AMX-INT8",
+    "asimddp": "NEON dot product",
+    "i8mm": "NEON int8 matmul",
+}
+PACKAGES = ("onnxruntime", "onnxruntime-gpu", "ctranslate2", "torch", "transformers", "numpy")
+
+
+def cpu_fields(cpuinfo: str) -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo text, by name."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block ends
+            continue
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def cpu_model(fields: dict[str, str]) -> str:
+    """The model name ("AMD EPYC", "Intel(R) Xeon(R) ..."); on ARM, which has none, the implementer and part."""
+    if fields.get("model name"):
+        return " ".join(fields["model name"].split())
+    if fields.get("CPU implementer"):
+        return f"ARM implementer {fields['CPU implementer']} part {fields.get('CPU part', '?')}"
+    return platform.processor() or platform.machine()
+
+
+def isa_features(fields: dict[str, str]) -> list[str]:
+    """The kernels' instruction sets this CPU has, in ISA's order."""
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return [label for flag, label in ISA.items() if flag in flags]
+
+
+def memory_gib(meminfo: str) -> float | None:
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            return round(int(line.split()[1]) / 2**20, 1)  # kB -> GiB
+    return None
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Installed versions, read from the packages' metadata (nothing is imported)."""
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def gpus() -> list[str]:
+    """The NVIDIA GPUs nvidia-smi lists, by name; none where it is missing or fails."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def describe(device: str = "cpu") -> dict[str, Any]:
+    """What a benchmark's figures depend on: the CPU and its instruction sets, the cores this process may use (its
+    affinity and any cgroup quota) against the machine's, memory, the GPUs when `device` is cuda, the libraries'
+    versions, and when."""
+    fields = cpu_fields(read("/proc/cpuinfo"))
+    return {
+        "cpu": cpu_model(fields),
+        "vendor": fields.get("vendor_id", ""),
+        "isa": isa_features(fields),
+        "cores_usable": available_cores(),
+        "cpus_online": os.cpu_count(),
+        "memory_gib": memory_gib(read("/proc/meminfo")),
+        "gpus": gpus() if device == "cuda" else [],
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def headline(machine: dict[str, Any]) -> str:
+    """One line for the top of a benchmark's output."""
+    isa = f"; {', '.join(machine['isa'])}" if machine["isa"] else ""
+    cores = f"{machine['cores_usable']} of {machine['cpus_online']} CPUs usable{isa}"
+    memory = f", {machine['memory_gib']:g} GiB" if machine["memory_gib"] else ""
+    gpu = f"; GPU: {', '.join(machine['gpus'])}" if machine["gpus"] else ""
+    packages = ", ".join(f"{name} {version}" for name, version in machine["packages"].items())
+    return f"machine: {machine['cpu']} ({cores}){memory}{gpu}; {packages}; {machine['date']}"
+
+
+def main() -> int:
+    machine = describe("cuda" if "--cuda" in sys.argv[1:] else "cpu")
+    print(headline(machine))
+    print(json.dumps(machine, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
