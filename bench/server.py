@@ -1,24 +1,28 @@
 """Server benchmark: the real server on loopback under 1, 8, 32 and 128 concurrent clients sending real
 sentences (one per request, the default model's test set): throughput, p50/p95/p99 latency, errors;
 continuous batching vs the static mode vs one sentence at a time; int8 vs fp32. The engine's own
-batch-32 throughput on the same sentences is measured alongside, as the ceiling to compare with.
+batch-32 throughput on the same sentences is measured alongside, as the ceiling to compare with: warm (a pass to
+warm up, then passes for --engine-seconds), before and after the servers of its round, whose rows are set against
+the mean of the two.
 
     python -m bench.server                      # everything (about 15 minutes)
     python -m bench.server --modes continuous --variants int8 --clients 32
     python -m bench.server --modes one-process,continuous,continuous-1t,continuous-all-cores --clients 32,128
         # the engine process against threads of one process; one decoder thread per step, or one per core
     python -m bench.server --modes continuous --variants int8 --clients 32 --rounds 5
-        # the issue's server target: 5 rounds of (engine alone, then the server), each server run against the
-        # engine measured just before it, and a summary: medians, spreads, rounds at or above 90 %
+        # the issue's server target: 5 rounds of (engine alone, the server, the engine again), each server run
+        # against the engine bracketing it, and a summary: medians, spreads, rounds at or above 90 %
 
 Each row gives the server's share of the engine in both layouts: one batch of 32 on every thread (`% of 1 x 32`)
-and 2 x 16 on a thread each (`% of 2 x 16`). On this shared machine one run moves by 10-20 %: quote rounds.
+and 2 x 16 on a thread each (`% of 2 x 16`). On this shared machine one run moves by 10-20 %: quote rounds. The
+output starts with the machine (bench/machine.py); runs/bench/server.json keeps it with the rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -32,8 +36,10 @@ from pathlib import Path
 import httpx
 
 from bench.load import run_load
+from bench.machine import describe, headline
 
 ROOT = Path(__file__).resolve().parent.parent
+ENGINE_THREADS = 2  # the engine alone: this project's development machines have 2 cores
 MODES = {  # server settings per mode
     "continuous": {"MT_BATCHING": "continuous"},  # streams and threads as the model's size says (the defaults)
     "continuous-1t": {"MT_BATCHING": "continuous", "MT_INTRA_OP_THREADS": "1"},  # one thread per decoder step
@@ -85,17 +91,32 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
     process.wait(timeout=60)
 
 
-def engine_ceiling(models_dir: Path, variant: str, texts: list[str], streams: int) -> float:
-    """Target tokens/s of the engine alone: static batches of 32 (as `streams` sub-batches decoded at once, the
-    two threads split between them), the same sentences, greedy."""
+def engine_throughput(folder: Path, variant: str, texts: list[str], streams: int, seconds: float) -> float:
+    """(In the engine's own process.) Target tokens/s of the engine alone, warm: static batches of 32 (as `streams`
+    sub-batches decoded at once, the two threads split between them), the same sentences, greedy; one pass to warm
+    up (a fresh runtime's first pass ran 3-28 % below the next ones here), then whole passes until `seconds`
+    have gone, as the server is measured over a window after its own warm-up."""
+    from model_export.evaluate import StaticBatches
+
+    engine = StaticBatches(folder, variant, ENGINE_THREADS, streams)
+    engine.translate(texts, 1, 32)
+    tokens, elapsed = 0, 0.0
+    while True:  # at least one measured pass
+        _, generated, took = engine.translate(texts, 1, 32)
+        tokens, elapsed = tokens + generated, elapsed + took
+        if elapsed >= seconds:
+            return tokens / elapsed
+
+
+def engine_ceiling(models_dir: Path, variant: str, texts: list[str], streams: int, seconds: float) -> float:
+    """engine_throughput in a process of its own, the server stopped."""
     code = (
-        "import sys, json, time\n"
+        "import sys, json\n"
         "from pathlib import Path\n"
-        "from model_export.evaluate import translate_all\n"
+        "from bench.server import engine_throughput\n"
         "texts = json.loads(sys.stdin.read())\n"
         f"folder = next(p for p in Path({str(models_dir)!r}).iterdir() if (p / 'manifest.json').exists())\n"
-        f"_, tokens, seconds = translate_all(folder, texts, {variant!r}, 1, 32, 2, {streams})\n"
-        "print(tokens / seconds)\n"
+        f"print(engine_throughput(folder, {variant!r}, texts, {streams}, {seconds}))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], input=json.dumps(texts), capture_output=True, text=True, cwd=ROOT, check=True
@@ -123,45 +144,71 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=1, help="repeat (engine alone, then every mode) this many times, alternating"
     )
+    parser.add_argument(
+        "--engine-seconds", type=float, default=10.0, help="the engine alone's measured window, after a warm-up pass"
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     texts = sentences(args.corpus, args.sentences)
+    machine = describe()
+    print(headline(machine), flush=True)
     rows = []
     for variant in args.variants.split(","):
         for round_ in range(1, args.rounds + 1):
-            one, two = (engine_ceiling(args.models_dir, variant, texts, streams) for streams in (1, 2))
-            print(
-                f"round {round_}: engine alone, {variant}, batch 32: {one:,.0f} target tok/s, "
-                f"as 2 x 16 on a thread each {two:,.0f}",
-                flush=True,
-            )
-            for mode in args.modes.split(","):
-                engine = {"round": round_, "engine_1x32": one, "engine_2x16": two}
-                rows += serve_mode(args, texts, variant, mode, engine)
+            rows += run_round(args, texts, variant, round_)
     print_rows(rows)
     if args.rounds > 1:
         print_summary(rows)
     out = ROOT / "runs" / "bench" / "server.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
+    out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
     return 0
 
 
-def serve_mode(
-    args: argparse.Namespace, texts: list[str], variant: str, mode: str, engine: dict[str, float]
-) -> list[dict]:
-    """One server in `mode`, measured at each client count against the engine figures of its round."""
+def run_round(args: argparse.Namespace, texts: list[str], variant: str, round_: int) -> list[dict]:
+    """The engine alone (one batch of 32, then 2 x 16), every mode served, then the engine's one batch again: each
+    server run is set against the mean of the two, which brackets it (this machine's speed drifts by 10-20 % over
+    minutes)."""
+    ceiling = functools.partial(engine_ceiling, args.models_dir, variant, texts, seconds=args.engine_seconds)
+    before, two = ceiling(streams=1), ceiling(streams=2)
+    print(
+        f"round {round_}: engine alone, {variant}, batch 32: {before:,.0f} target tok/s, "
+        f"as 2 x 16 on a thread each {two:,.0f}",
+        flush=True,
+    )
+    served = [row for mode in args.modes.split(",") for row in serve_mode(args, texts, variant, mode)]
+    after = ceiling(streams=1)
+    print(f"round {round_}: engine alone again, batch 32: {after:,.0f} target tok/s", flush=True)
+    for row in served:
+        row.update(bracketed(round_, before, after, two, row["tokens_per_s"]))
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    return served
+
+
+def bracketed(round_: int, before: float, after: float, two: float, served: float) -> dict[str, float]:
+    """A server run's engine figures: its one-batch ceiling is the mean of the engine measured before and after it."""
+    one = (before + after) / 2
+    return {
+        "round": round_,
+        "engine_1x32": one,
+        "engine_1x32_before": before,
+        "engine_1x32_after": after,
+        "engine_2x16": two,
+        "of_1x32": served / one,
+        "of_2x16": served / two,
+    }
+
+
+def serve_mode(args: argparse.Namespace, texts: list[str], variant: str, mode: str) -> list[dict]:
+    """One server in `mode`, measured at each client count."""
     rows = []
     port = free_port()
     server = start_server(args.models_dir, port, {"MT_VARIANT": variant, **MODES[mode]})
     try:
         for clients in (int(c) for c in args.clients.split(",")):
-            row = {"variant": variant, "mode": mode, **engine, **measure(port, texts, clients, args.seconds)}
-            row["of_1x32"] = row["tokens_per_s"] / engine["engine_1x32"]
-            row["of_2x16"] = row["tokens_per_s"] / engine["engine_2x16"]
-            rows.append(row)
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+            rows.append({"variant": variant, "mode": mode, **measure(port, texts, clients, args.seconds)})
+            print(f"  {mode}, {clients} clients: {rows[-1]['tokens_per_s']:,.0f} target tok/s", flush=True)
     finally:
         stop_server(server)
     return rows
@@ -169,14 +216,15 @@ def serve_mode(
 
 def print_rows(rows: list[dict]) -> None:
     print(
-        "| round | variant | mode | clients | requests/s | target tok/s | % of 1 x 32 | % of 2 x 16 | p50 ms | p95 ms "
-        "| p99 ms | p99 ÷ p50 | errors |"
+        "| round | variant | mode | clients | requests/s | target tok/s | engine 1 x 32, before / after | % of 1 x 32 "
+        "| % of 2 x 16 | p50 ms | p95 ms | p99 ms | p99 ÷ p50 | errors |"
     )
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['round']} | {r['variant']} | {r['mode']} | {r['clients']} | {r['requests_per_s']:.1f} "
-            f"| {r['tokens_per_s']:,.0f} | {100 * r['of_1x32']:.0f}% | {100 * r['of_2x16']:.0f}% | {r['p50_ms']:.0f} "
+            f"| {r['tokens_per_s']:,.0f} | {r['engine_1x32_before']:,.0f} / {r['engine_1x32_after']:,.0f} "
+            f"| {100 * r['of_1x32']:.0f}% | {100 * r['of_2x16']:.0f}% | {r['p50_ms']:.0f} "
             f"| {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['p99_ms'] / r['p50_ms']:.2f} | {r['errors']} |"
         )
 

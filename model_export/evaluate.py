@@ -67,6 +67,38 @@ def read_split(corpus: Path, split: str, source: str, target: str) -> tuple[list
     return sources, references
 
 
+class StaticBatches:
+    """A folder's graphs opened once, translating lists of sentences in static batches of similar length through
+    the served decoding loop (the engine alone: no server, no scheduler). With `streams` > 1, each batch's sentences
+    go as that many sub-batches decoded at once, the threads split between them (the server's MT_DECODER_STREAMS)."""
+
+    def __init__(self, folder_path: Path, variant: str | None, threads: int, streams: int = 1) -> None:
+        folder = load_model_folder(folder_path)
+        self.runtime = OnnxRuntime(folder, variant, SessionSettings(intra_op_threads=max(1, threads // streams)))
+        self.tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
+        self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+        self.target = folder.manifest.target_languages[0]
+        self.streams = streams
+
+    def translate(self, sources: list[str], beam_size: int, batch_size: int) -> tuple[list[str], int, float]:
+        """-> (translations, target tokens, seconds of decoding and detokenising)."""
+        encoded = [self.tokenizer.encode(s, self.target) for s in sources]
+        order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
+        size = max(1, batch_size // self.streams)
+        batches = [order[start : start + size] for start in range(0, len(order), size)]
+        options = [[SearchOptions(beam_size, min(256, 2 * len(encoded[i]) + 10)) for i in b] for b in batches]
+        translations, tokens = [""] * len(sources), 0
+        started = time.perf_counter()
+        sentences = [[encoded[i] for i in b] for b in batches]
+        decoded = decode_batches(self.runtime, sentences, options, self.rules, self.streams)
+        pairs = zip(batches, decoded, strict=True)
+        for batch, results in tqdm(pairs, total=len(batches), desc="translating", unit="batch", leave=False):
+            for i, hyps in zip(batch, results, strict=True):
+                translations[i] = self.tokenizer.decode(hyps[0].tokens)
+                tokens += len(hyps[0].tokens)
+        return translations, tokens, time.perf_counter() - started
+
+
 def translate_all(
     folder_path: Path,
     sources: list[str],
@@ -76,28 +108,9 @@ def translate_all(
     threads: int,
     streams: int = 1,
 ) -> tuple[list[str], int, float]:
-    """Static batches of similar length through the served graphs -> (translations, target tokens, seconds). With
-    `streams` > 1, each batch's sentences go as that many sub-batches decoded at once, the threads split between
-    them (the server's MT_DECODER_STREAMS)."""
-    folder = load_model_folder(folder_path)
-    runtime = OnnxRuntime(folder, variant, SessionSettings(intra_op_threads=max(1, threads // streams)))
-    tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
-    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
-    target = folder.manifest.target_languages[0]
-    encoded = [tokenizer.encode(s, target) for s in sources]
-    order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
-    size = max(1, batch_size // streams)
-    batches = [order[start : start + size] for start in range(0, len(order), size)]
-    options = [[SearchOptions(beam_size, min(256, 2 * len(encoded[i]) + 10)) for i in batch] for batch in batches]
-    translations, tokens = [""] * len(sources), 0
-    started = time.perf_counter()
-    decoded = decode_batches(runtime, [[encoded[i] for i in b] for b in batches], options, rules, streams)
-    pairs = zip(batches, decoded, strict=True)
-    for batch, results in tqdm(pairs, total=len(batches), desc="translating", unit="batch", leave=False):
-        for i, hyps in zip(batch, results, strict=True):
-            translations[i] = tokenizer.decode(hyps[0].tokens)
-            tokens += len(hyps[0].tokens)
-    return translations, tokens, time.perf_counter() - started
+    """Static batches of similar length through the served graphs, opened for this call -> (translations, target
+    tokens, seconds)."""
+    return StaticBatches(folder_path, variant, threads, streams).translate(sources, beam_size, batch_size)
 
 
 def pick_examples(sources: list[str], references: list[str], hypotheses: list[str], n: int = 20) -> list[dict]:

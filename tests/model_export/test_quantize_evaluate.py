@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from model_export.evaluate import evaluate, same_placeholders, translate_all
+from model_export.evaluate import StaticBatches, evaluate, same_placeholders, translate_all
 from model_export.quantize import add_int8_variant, blockwise_8bit
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
@@ -94,6 +94,13 @@ def test_translate_all_in_two_streams_gives_the_same_translations(model_dir: Pat
     one, tokens, _ = translate_all(model_dir, sources, "fp32", 1, 8, 2)
     two, tokens_two, _ = translate_all(model_dir, sources, "fp32", 1, 8, 2, streams=2)  # sub-batches of 4 at once
     assert two == one and tokens_two == tokens and all(one)
+
+
+def test_static_batches_open_the_graphs_once_and_translate_again_alike(model_dir: Path) -> None:
+    engine = StaticBatches(model_dir, "fp32", threads=1)
+    first, tokens, _ = engine.translate(SENTENCES, 1, 4)
+    again, tokens_again, _ = engine.translate(SENTENCES, 1, 4)
+    assert again == first == translate_all(model_dir, SENTENCES, "fp32", 1, 4, 1)[0] and tokens_again == tokens
 
 
 def test_blockwise_8bit_codes_reproduce_the_weights_and_run_in_matmulnbits() -> None:
