@@ -30,6 +30,7 @@ import numpy as np
 
 from bench.load import Connection, run_load
 from bench.machine import describe, headline
+from bench.processes import rss_mb
 from bench.server import free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,31 +175,6 @@ async def open_loop(
     for connection, _ in idle:
         connection.close()
     return outcomes
-
-
-def rss_mb(pid: int) -> float:
-    """The server's resident memory (VmRSS), in MB: its own and its children's (the engine processes)."""
-    total = 0.0
-    for process in [pid, *children(pid)]:
-        try:
-            lines = Path(f"/proc/{process}/status").read_text().splitlines()
-        except OSError:  # it just exited
-            continue
-        total += next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:")), 0.0)
-    return total if total else float("nan")
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (Linux /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 @dataclass

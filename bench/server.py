@@ -15,7 +15,9 @@ the mean of the two.
 
 Each row gives the server's share of the engine in both layouts: one batch of 32 on every thread (`% of 1 x 32`)
 and 2 x 16 on a thread each (`% of 2 x 16`). On this shared machine one run moves by 10-20 %: quote rounds. The
-output starts with the machine (bench/machine.py); runs/bench/server.json keeps it with the rows.
+output starts with the machine (bench/machine.py); runs/bench/server.json keeps it with the rows. A second table
+says where each run's time went: the decoder's steps' share of the wall, its rows per step, and the cores the
+server's processes and the load generator used (from /proc and the server's /metrics).
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.load import run_load
 from bench.machine import describe, headline
+from bench.processes import cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_THREADS = 2  # the engine alone: this project's development machines have 2 cores
@@ -124,12 +128,49 @@ def engine_ceiling(models_dir: Path, variant: str, texts: list[str], streams: in
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def measure(port: int, texts: list[str], clients: int, seconds: float) -> dict[str, float]:
+def measure(port: int, pid: int, texts: list[str], clients: int, seconds: float) -> dict[str, float]:
+    """`clients` closed loops for `seconds` after 3 s of warm-up: the load's figures (bench.load) and what serving it
+    took (server_usage)."""
+
     def body(i: int) -> bytes:
         return json.dumps({"q": texts[i % len(texts)], "source": "en", "target": "fr"}).encode()
 
     asyncio.run(run_load("127.0.0.1", port, clients, 3.0, body))  # warm-up at this concurrency
-    return asyncio.run(run_load("127.0.0.1", port, clients, seconds, body)).summary()
+    before, loadgen, started = server_usage(port, pid), time.process_time(), time.perf_counter()
+    summary = asyncio.run(run_load("127.0.0.1", port, clients, seconds, body)).summary()
+    after, loadgen, elapsed = server_usage(port, pid), time.process_time() - loadgen, time.perf_counter() - started
+    return {**summary, **usage_figures(before, after, loadgen, elapsed)}
+
+
+def server_usage(port: int, pid: int) -> dict[str, float]:
+    """Running totals: the CPU seconds of the server and its engine processes (/proc), and from its /metrics the
+    decoder steps, their seconds and their rows, summed over models and streams."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    totals = {"cpu_seconds": cpu_seconds(pid), "steps": 0.0, "step_seconds": 0.0, "rows": 0.0}
+    wanted = {
+        "mt_decoder_step_duration_seconds_sum": "step_seconds",
+        "mt_decoder_step_duration_seconds_count": "steps",
+        "mt_decoder_step_rows_sum": "rows",
+    }
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                totals[wanted[sample.name]] += sample.value
+    return totals
+
+
+def usage_figures(
+    before: dict[str, float], after: dict[str, float], loadgen_cpu: float, elapsed: float
+) -> dict[str, float]:
+    """Where a run's time went: the decoder's steps' share of the wall (per stream, summed: 2.0 is two streams
+    stepping all the time), its rows per step, the cores the server's processes and the load generator used."""
+    delta = {key: after[key] - before[key] for key in before}
+    return {
+        "decoder_busy": delta["step_seconds"] / elapsed,
+        "rows_per_step": delta["rows"] / delta["steps"] if delta["steps"] else 0.0,
+        "server_cores": delta["cpu_seconds"] / elapsed,
+        "loadgen_cores": loadgen_cpu / elapsed,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(1, args.rounds + 1):
             rows += run_round(args, texts, variant, round_)
     print_rows(rows)
+    print_usage(rows)
     if args.rounds > 1:
         print_summary(rows)
     out = ROOT / "runs" / "bench" / "server.json"
@@ -207,7 +249,7 @@ def serve_mode(args: argparse.Namespace, texts: list[str], variant: str, mode: s
     server = start_server(args.models_dir, port, {"MT_VARIANT": variant, **MODES[mode]})
     try:
         for clients in (int(c) for c in args.clients.split(",")):
-            rows.append({"variant": variant, "mode": mode, **measure(port, texts, clients, args.seconds)})
+            rows.append({"variant": variant, "mode": mode, **measure(port, server.pid, texts, clients, args.seconds)})
             print(f"  {mode}, {clients} clients: {rows[-1]['tokens_per_s']:,.0f} target tok/s", flush=True)
     finally:
         stop_server(server)
@@ -226,6 +268,17 @@ def print_rows(rows: list[dict]) -> None:
             f"| {r['tokens_per_s']:,.0f} | {r['engine_1x32_before']:,.0f} / {r['engine_1x32_after']:,.0f} "
             f"| {100 * r['of_1x32']:.0f}% | {100 * r['of_2x16']:.0f}% | {r['p50_ms']:.0f} "
             f"| {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['p99_ms'] / r['p50_ms']:.2f} | {r['errors']} |"
+        )
+
+
+def print_usage(rows: list[dict]) -> None:
+    """Where each run's time went (usage_figures): is the decoder busy, and are the cores full?"""
+    print("\n| round | variant | mode | clients | decoder busy | rows per step | server cores | load generator cores |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['round']} | {r['variant']} | {r['mode']} | {r['clients']} | {r['decoder_busy']:.2f} "
+            f"| {r['rows_per_step']:.1f} | {r['server_cores']:.2f} | {r['loadgen_cores']:.2f} |"
         )
 
 

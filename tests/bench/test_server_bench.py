@@ -2,11 +2,15 @@
 round, and the summary counts the rounds that meet the issue's targets (90 % of the engine's one batch of 32; p99
 at most 3x p50)."""
 
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from bench.server import bracketed, engine_throughput, print_summary
+from bench.server import bracketed, engine_throughput, print_summary, server_usage, usage_figures
 from model_export.evaluate import StaticBatches
 
 
@@ -52,3 +56,50 @@ def test_the_engine_alone_is_measured_warm_over_whole_passes(model_dir: Path, mo
     passes.clear()
     engine_throughput(model_dir, "fp32", texts, 2, seconds=0)
     assert len(passes) == 2  # at least one measured pass
+
+
+METRICS = """# HELP mt_decoder_step_duration_seconds Duration of one decoder step (graph run and search).
+# TYPE mt_decoder_step_duration_seconds histogram
+mt_decoder_step_duration_seconds_bucket{model="a",le="+Inf"} 100.0
+mt_decoder_step_duration_seconds_count{model="a"} 100.0
+mt_decoder_step_duration_seconds_sum{model="a"} 0.25
+mt_decoder_step_duration_seconds_count{model="b"} 50.0
+mt_decoder_step_duration_seconds_sum{model="b"} 0.5
+# HELP mt_decoder_step_rows Rows in one decoder step.
+# TYPE mt_decoder_step_rows histogram
+mt_decoder_step_rows_count{model="a"} 100.0
+mt_decoder_step_rows_sum{model="a"} 2000.0
+mt_decoder_step_rows_count{model="b"} 50.0
+mt_decoder_step_rows_sum{model="b"} 100.0
+"""
+
+
+def test_a_servers_usage_is_read_from_its_metrics_and_its_processes() -> None:
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = METRICS.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        usage = server_usage(server.server_address[1], os.getpid())
+    finally:
+        server.shutdown()
+    assert (usage["steps"], usage["step_seconds"], usage["rows"]) == (150.0, 0.75, 2100.0)  # both models
+    assert 0 < usage["cpu_seconds"] <= time.process_time() + 1  # this process's (and its children's) CPU time
+
+
+def test_usage_figures_are_shares_of_the_run() -> None:
+    before = {"cpu_seconds": 10.0, "steps": 100.0, "step_seconds": 1.0, "rows": 2_000.0}
+    after = {"cpu_seconds": 46.0, "steps": 4_100.0, "step_seconds": 19.0, "rows": 82_000.0}
+    assert usage_figures(before, after, loadgen_cpu=1.6, elapsed=20.0) == {
+        "decoder_busy": 0.9, "rows_per_step": 20.0, "server_cores": 1.8, "loadgen_cores": 0.08,
+    }  # fmt: skip
+    assert usage_figures(before, before, 0.0, 1.0)["rows_per_step"] == 0.0  # no step in the run

@@ -20,7 +20,7 @@ import pytest
 import uvloop
 from fastapi.testclient import TestClient
 
-from bench.overload import children
+from bench.processes import children
 from service.api import create_app
 from service.engine_process import EngineProcess, MetricsRecorder, _Outbox, rebuilt_error
 from service.errors import DeadlineExceeded, InferenceError, ModelFolderError, Overloaded

@@ -1,0 +1,47 @@
+"""A served model's processes as Linux's /proc shows them: the server and its children (the engine processes),
+their resident memory and their CPU time. Used by the server, overload and soak benchmarks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def rss_mb(pid: int) -> float:
+    """The server's resident memory (VmRSS), in MB: its own and its children's (the engine processes)."""
+    total = 0.0
+    for process in [pid, *children(pid)]:
+        try:
+            lines = Path(f"/proc/{process}/status").read_text().splitlines()
+        except OSError:  # it just exited
+            continue
+        total += next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:")), 0.0)
+    return total if total else float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) that `pid` and its children have used so far, in seconds; a process that just
+    exited counts nothing."""
+    total = 0
+    for process in [pid, *children(pid)]:
+        try:
+            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5)), in clock ticks
+    return total / CLOCK_TICKS
