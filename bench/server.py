@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument(
-        "--rounds", type=int, default=1, help="repeat (engine alone, then every mode) this many times, alternating"
+        "--rounds", type=int, default=1, help="repeat (engine alone, every mode, the engine again) this many times"
     )
     parser.add_argument(
         "--engine-seconds", type=float, default=10.0, help="the engine alone's measured window, after a warm-up pass"
