@@ -136,10 +136,10 @@ def measure(port: int, pid: int, texts: list[str], clients: int, seconds: float)
         return json.dumps({"q": texts[i % len(texts)], "source": "en", "target": "fr"}).encode()
 
     asyncio.run(run_load("127.0.0.1", port, clients, 3.0, body))  # warm-up at this concurrency
-    before, loadgen, started = server_usage(port, pid), time.process_time(), time.perf_counter()
+    before, loadgen_cpu, started = server_usage(port, pid), time.process_time(), time.perf_counter()
     summary = asyncio.run(run_load("127.0.0.1", port, clients, seconds, body)).summary()
-    after, loadgen, elapsed = server_usage(port, pid), time.process_time() - loadgen, time.perf_counter() - started
-    return {**summary, **usage_figures(before, after, loadgen, elapsed)}
+    after, elapsed = server_usage(port, pid), time.perf_counter() - started
+    return {**summary, **usage_figures(before, after, time.process_time() - loadgen_cpu, elapsed)}
 
 
 def server_usage(port: int, pid: int) -> dict[str, float]:
