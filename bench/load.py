@@ -54,6 +54,7 @@ class LoadResult:
             "clients": self.clients,
             "requests_per_s": requests / self.seconds,
             "tokens_per_s": tokens / self.seconds,
+            "mean_ms": 1000 * float(np.mean(self.latencies)) if self.latencies else float("nan"),
             "p50_ms": 1000 * self.percentile(50),
             "p95_ms": 1000 * self.percentile(95),
             "p99_ms": 1000 * self.percentile(99),

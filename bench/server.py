@@ -17,7 +17,9 @@ Each row gives the server's share of the engine in both layouts: one batch of 32
 and 2 x 16 on a thread each (`% of 2 x 16`). On this shared machine one run moves by 10-20 %: quote rounds. The
 output starts with the machine (bench/machine.py); runs/bench/server.json keeps it with the rows. A second table
 says where each run's time went: the decoder's steps' share of the wall, its rows per step, and the cores the
-server's processes and the load generator used (from /proc and the server's /metrics).
+server's processes and the load generator used (from /proc and the server's /metrics). A third says where a
+request's time went, from the server's own histograms: in the HTTP process, queued in the engine, waiting to join
+the decoder batch (the encoder thread, its pass, the step in progress), in the batch, and the rest.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from math import nan
 from pathlib import Path
 
 import httpx
@@ -142,11 +145,22 @@ def measure(port: int, pid: int, texts: list[str], clients: int, seconds: float)
     return {**summary, **usage_figures(before, after, time.process_time() - loadgen_cpu, elapsed)}
 
 
+# A request's stages: name -> the server's histogram of it, and the labels it must have (summed over the rest)
+STAGES = {
+    "server": ("mt_http_request_duration_seconds", {"route": "/translate"}),  # received to answered (HTTP process)
+    "queue": ("mt_queue_wait_seconds", {}),  # queued in the engine, to admitted
+    "join": ("mt_join_wait_seconds", {}),  # admitted, to its first step: encoder thread, pass, the step in progress
+    "decoding": ("mt_decoding_seconds", {}),  # its first step to its last
+}
+
+
 def server_usage(port: int, pid: int) -> dict[str, float]:
     """Running totals: the CPU seconds of the server and its engine processes (/proc), and from its /metrics the
-    decoder steps, their seconds and their rows, summed over models and streams."""
+    decoder steps, their seconds and their rows, and each request stage's count and seconds (`{stage}_count`,
+    `{stage}_sum`; STAGES), summed over models and streams."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
     totals = {"cpu_seconds": cpu_seconds(pid), "steps": 0.0, "step_seconds": 0.0, "rows": 0.0}
+    totals |= {f"{stage}_{part}": 0.0 for stage in STAGES for part in ("count", "sum")}
     wanted = {
         "mt_decoder_step_duration_seconds_sum": "step_seconds",
         "mt_decoder_step_duration_seconds_count": "steps",
@@ -156,6 +170,10 @@ def server_usage(port: int, pid: int) -> dict[str, float]:
         for sample in family.samples:
             if sample.name in wanted:
                 totals[wanted[sample.name]] += sample.value
+            for stage, (metric, labels) in STAGES.items():
+                metric_name, _, part = sample.name.rpartition("_")
+                if metric_name == metric and part in ("count", "sum") and labels.items() <= sample.labels.items():
+                    totals[f"{stage}_{part}"] += sample.value
     return totals
 
 
@@ -163,13 +181,19 @@ def usage_figures(
     before: dict[str, float], after: dict[str, float], loadgen_cpu: float, elapsed: float
 ) -> dict[str, float]:
     """Where a run's time went: the decoder's steps' share of the wall (per stream, summed: 2.0 is two streams
-    stepping all the time), its rows per step, the cores the server's processes and the load generator used."""
+    stepping all the time), its rows per step, the cores the server's processes and the load generator used, and
+    each request stage's mean in ms (`{stage}_ms`, STAGES; nan when none was timed in the run)."""
     delta = {key: after[key] - before[key] for key in before}
+    stages = {
+        f"{stage}_ms": 1000 * delta[f"{stage}_sum"] / delta[f"{stage}_count"] if delta[f"{stage}_count"] else nan
+        for stage in STAGES
+    }
     return {
         "decoder_busy": delta["step_seconds"] / elapsed,
         "rows_per_step": delta["rows"] / delta["steps"] if delta["steps"] else 0.0,
         "server_cores": delta["cpu_seconds"] / elapsed,
         "loadgen_cores": loadgen_cpu / elapsed,
+        **stages,
     }
 
 
@@ -200,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_round(args, texts, variant, round_)
     print_rows(rows)
     print_usage(rows)
+    print_stages(rows)
     if args.rounds > 1:
         print_summary(rows)
     out = ROOT / "runs" / "bench" / "server.json"
@@ -279,6 +304,24 @@ def print_usage(rows: list[dict]) -> None:
         print(
             f"| {r['round']} | {r['variant']} | {r['mode']} | {r['clients']} | {r['decoder_busy']:.2f} "
             f"| {r['rows_per_step']:.1f} | {r['server_cores']:.2f} | {r['loadgen_cores']:.2f} |"
+        )
+
+
+def print_stages(rows: list[dict]) -> None:
+    """Where a request's time went, means in ms (one sentence a request: a request's stages are its sentence's).
+    Client: as the load generator saw it; server: the HTTP process, received to answered; in the engine: queued,
+    to its first step (the encoder thread's backlog, its pass, the step in progress), in the decoder batch; the
+    rest of the server's time is the HTTP side's own work and the pipe to the engine and back."""
+    print(
+        "\n| round | variant | mode | clients | client ms | server ms | queue ms | to first step ms | decoding ms "
+        "| rest of the server ms |"
+    )
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        rest = r["server_ms"] - r["queue_ms"] - r["join_ms"] - r["decoding_ms"]
+        print(
+            f"| {r['round']} | {r['variant']} | {r['mode']} | {r['clients']} | {r['mean_ms']:.1f} "
+            f"| {r['server_ms']:.1f} | {r['queue_ms']:.1f} | {r['join_ms']:.1f} | {r['decoding_ms']:.1f} | {rest:.1f} |"
         )
 
 

@@ -48,6 +48,21 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.join_wait = Histogram(
+            "mt_join_wait_seconds",
+            "Time from a sentence's admission to its first decoder step: the wait for the encoder thread, its encoder "
+            "pass, and the wait for the step in progress.",
+            ["model"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.decoding = Histogram(
+            "mt_decoding_seconds",
+            "Time a sentence spent in the decoder batch: from its first step to its last.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.encoder_duration = Histogram(
             "mt_encoder_duration_seconds",
             "Duration of one encoder graph run.",

@@ -111,7 +111,9 @@ class SentenceJob:
     options: SearchOptions
     ticket: Ticket
     index: int  # position in the ticket
-    enqueued_at: float = 0.0
+    enqueued_at: float = 0.0  # the scheduler's clock, at each stage: queued, admitted, in the decoder batch
+    admitted_at: float = 0.0
+    joined_at: float = 0.0
 
     @property
     def reserved_tokens(self) -> int:
@@ -379,6 +381,7 @@ class Scheduler:
         now = self.clock()
         for bucket in self._buckets(jobs):
             for job in bucket:
+                job.admitted_at = now
                 self.metrics.queue_wait.labels(self.model).observe(now - job.enqueued_at)
                 job.ticket.queue_seconds = max(job.ticket.queue_seconds, now - job.enqueued_at)
             src_ids, src_mask = pad_batch([j.src_ids for j in bucket], self.rules.pad_id)  # (b, S) each
@@ -412,6 +415,10 @@ class Scheduler:
                 self._fail(encoding.jobs, error)
                 continue
             self.cache.add(memory.keys, memory.values, encoding.src_mask)
+            now = self.clock()
+            for job in encoding.jobs:
+                job.joined_at = now
+                self.metrics.join_wait.labels(self.model).observe(now - job.admitted_at)
             start, eos = self.rules.decoder_start_id, self.rules.eos_id
             self.active += [Running(job, new_search(start, eos, job.options)) for job in encoding.jobs]
         self.encoding = pending
@@ -450,6 +457,7 @@ class Scheduler:
 
     def _deliver(self, running: Running) -> None:
         results = running.search.results()
+        self.metrics.decoding.labels(self.model).observe(self.clock() - running.job.joined_at)
         self.metrics.sentences.labels(self.model).inc()
         self.metrics.generated_tokens.labels(self.model).inc(len(results[0].tokens))
         if not running.job.ticket.abandoned:

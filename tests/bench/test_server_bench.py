@@ -2,6 +2,7 @@
 round, and the summary counts the rounds that meet the issue's targets (90 % of the engine's one batch of 32; p99
 at most 3x p50)."""
 
+import math
 import os
 import threading
 import time
@@ -71,6 +72,18 @@ mt_decoder_step_rows_count{model="a"} 100.0
 mt_decoder_step_rows_sum{model="a"} 2000.0
 mt_decoder_step_rows_count{model="b"} 50.0
 mt_decoder_step_rows_sum{model="b"} 100.0
+# HELP mt_http_request_duration_seconds Time from request received to response sent.
+# TYPE mt_http_request_duration_seconds histogram
+mt_http_request_duration_seconds_count{route="/translate"} 10.0
+mt_http_request_duration_seconds_sum{route="/translate"} 0.5
+mt_http_request_duration_seconds_count{route="/metrics"} 3.0
+mt_http_request_duration_seconds_sum{route="/metrics"} 0.03
+# HELP mt_decoding_seconds Time a sentence spent in the decoder batch.
+# TYPE mt_decoding_seconds histogram
+mt_decoding_seconds_count{model="a"} 6.0
+mt_decoding_seconds_sum{model="a"} 0.18
+mt_decoding_seconds_count{model="b"} 4.0
+mt_decoding_seconds_sum{model="b"} 0.12
 """
 
 
@@ -93,13 +106,21 @@ def test_a_servers_usage_is_read_from_its_metrics_and_its_processes() -> None:
     finally:
         server.shutdown()
     assert (usage["steps"], usage["step_seconds"], usage["rows"]) == (150.0, 0.75, 2100.0)  # both models
+    assert (usage["server_count"], usage["server_sum"]) == (10.0, 0.5)  # translations only, not /metrics
+    assert (usage["decoding_count"], usage["decoding_sum"]) == (10.0, 0.3)  # both models
+    assert (usage["queue_count"], usage["join_count"]) == (0.0, 0.0)  # not in this server's metrics
     assert 0 < usage["cpu_seconds"] <= time.process_time() + 1  # this process's (and its children's) CPU time
 
 
-def test_usage_figures_are_shares_of_the_run() -> None:
-    before = {"cpu_seconds": 10.0, "steps": 100.0, "step_seconds": 1.0, "rows": 2_000.0}
-    after = {"cpu_seconds": 46.0, "steps": 4_100.0, "step_seconds": 19.0, "rows": 82_000.0}
-    assert usage_figures(before, after, loadgen_cpu=1.6, elapsed=20.0) == {
+def test_usage_figures_are_shares_of_the_run_and_means_of_its_stages() -> None:
+    stages = {f"{stage}_{part}": 0.0 for stage in ("server", "queue", "join", "decoding") for part in ("count", "sum")}
+    before = {"cpu_seconds": 10.0, "steps": 100.0, "step_seconds": 1.0, "rows": 2_000.0, **stages}
+    after = {"cpu_seconds": 46.0, "steps": 4_100.0, "step_seconds": 19.0, "rows": 82_000.0, **stages}
+    after |= {"server_count": 100.0, "server_sum": 5.0, "decoding_count": 100.0, "decoding_sum": 3.0}
+    figures = usage_figures(before, after, loadgen_cpu=1.6, elapsed=20.0)
+    assert {key: figures[key] for key in ("decoder_busy", "rows_per_step", "server_cores", "loadgen_cores")} == {
         "decoder_busy": 0.9, "rows_per_step": 20.0, "server_cores": 1.8, "loadgen_cores": 0.08,
     }  # fmt: skip
+    assert (figures["server_ms"], figures["decoding_ms"]) == (50.0, 30.0)  # per request, in the run only
+    assert math.isnan(figures["queue_ms"])  # nothing timed in the run
     assert usage_figures(before, before, 0.0, 1.0)["rows_per_step"] == 0.0  # no step in the run

@@ -190,6 +190,31 @@ def test_blocks_that_grow_or_do_not_fit_keep_the_searches_order() -> None:
     assert order == [] and kept.size == 0
 
 
+def stage_seconds(scheduler: Scheduler, metric: str) -> tuple[float, float]:
+    """(count, sum) of one of the scheduler's per-sentence histograms."""
+    registry = scheduler.metrics.registry
+    labels = {"model": "fake"}
+    return registry.get_sample_value(f"{metric}_count", labels), registry.get_sample_value(f"{metric}_sum", labels)
+
+
+def test_each_sentence_reports_its_wait_to_join_and_its_time_in_the_batch() -> None:
+    scheduler, _, clock = make()
+    first = submit(scheduler, sources(1, seed=4), LONG)  # queued at 0
+    clock.now = 2.0
+    scheduler.run_once()  # admitted, encoded and joined at 2 (no encoder thread), then its first step
+    second = submit(scheduler, sources(1, seed=5), GREEDY)  # queued at 2, joins at the next iteration
+    for step in range(1, 29):
+        clock.now = 2.0 + step  # each later iteration (a step) one second on
+        scheduler.run_once()
+    clock.now = 31.0
+    drain(scheduler)  # the first's 30th and last step
+    assert first.finished and second.finished
+    assert stage_seconds(scheduler, "mt_queue_wait_seconds") == (2, 2.0 + 1.0)
+    assert stage_seconds(scheduler, "mt_join_wait_seconds") == (2, 0.0)  # passes between steps: no wait
+    second_steps = len(second.results[0][0].tokens)
+    assert stage_seconds(scheduler, "mt_decoding_seconds") == (2, 29.0 + second_steps - 1)  # first step to last
+
+
 class GatedRuntime(FakeRuntime):
     """A fake whose encoder passes wait for a gate, and which records the thread each pass ran on."""
 
@@ -232,6 +257,7 @@ def test_decoder_steps_go_on_while_newcomers_are_encoded_on_their_own_thread() -
     for ticket, seed, options in ((first, 13, LONG), (second, 14, GREEDY), (third, 15, GREEDY)):
         assert ticket.error is None and ticket.results == [alone(s, options) for s in sources(1, seed=seed)]
     assert runtime.encoder_threads and all(name.startswith("encoder-fake") for name in runtime.encoder_threads)
+    assert stage_seconds(scheduler, "mt_join_wait_seconds")[0] == 3  # observed on the passes' thread's side too
 
 
 def test_an_overlapped_encoder_failure_fails_only_its_sentences() -> None:
