@@ -2,7 +2,9 @@
 test-set sentence the moment its last one is delivered, against the scheduler the server runs (same settings,
 MT_* environment variables included), in this process. What the server's throughput would be if HTTP, the
 engine process's pipe and the load generator cost nothing: the cleanest A/B of a scheduler or cache change on
-a shared machine, where `bench.server` moves by 10-20 % from run to run.
+a shared machine, where `bench.server` moves by 10-20 % from run to run. Besides throughput and CPU it prints the
+rows per step and where a sentence's time went (the server's histograms): queued, to its first decoder step (the
+encoder thread, its pass, the step in progress), in the batch.
 
     python -m bench.scheduler                       # the default model, 32 clients, 15 s
     python -m bench.scheduler --clients 8,32,64 --seconds 10
@@ -17,7 +19,10 @@ import threading
 import time
 from pathlib import Path
 
+from prometheus_client import generate_latest
+
 from bench.machine import describe, headline
+from bench.server import metric_totals, stage_means
 from service.decoding import SearchOptions
 from service.engine_process import EngineProcess
 from service.metrics import Metrics
@@ -73,23 +78,28 @@ class ClosedLoop:
 def measure(
     scheduler: Scheduler | Streams, sentences: list[tuple[list[int], SearchOptions]], clients: int, seconds: float
 ) -> dict[str, float]:
+    registry = (scheduler.first if isinstance(scheduler, Streams) else scheduler).metrics.registry
     loop = ClosedLoop(scheduler, sentences, clients)
     loop.start()
     time.sleep(min(2.0, seconds / 4))  # warm-up at this concurrency
     (sentences, tokens), cpu, started = loop.counts(), time.process_time(), time.perf_counter()
+    before = metric_totals(generate_latest(registry).decode())
     time.sleep(seconds)
     (sentences2, tokens2), cpu2, elapsed = loop.counts(), time.process_time(), time.perf_counter() - started
+    after = metric_totals(generate_latest(registry).decode())
     loop.stop()
     while not scheduler.idle:
         time.sleep(0.01)
     if loop.error is not None:
         raise SystemExit(f"a sentence failed: {loop.error}")
-    generated = tokens2 - tokens
+    generated, delta = tokens2 - tokens, {key: after[key] - before[key] for key in before}
     return {
         "clients": clients,
         "sentences_per_s": (sentences2 - sentences) / elapsed,
         "tokens_per_s": generated / elapsed,
         "cpu_us_per_token": (cpu2 - cpu) / max(generated, 1) * 1e6,
+        "rows_per_step": delta["rows"] / delta["steps"] if delta["steps"] else 0.0,
+        **stage_means(delta),  # queue, join, decoding (and server: nan, no HTTP here)
     }
 
 
@@ -116,12 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     scheduler.start()
     print(f"{folder.manifest.name}, {translator.variant}, {settings.batching}, "
           f"{decoder_streams(folder.manifest.config, settings)} stream(s), providers {runtime.providers[0]}")
-    print("| clients | sentences/s | target tok/s | CPU µs per target token |\n|---:|---:|---:|---:|")
+    print("| clients | sentences/s | target tok/s | CPU µs per target token | rows per step | queue ms "
+          "| to first step ms | decoding ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|")
     try:
         for clients in (int(c) for c in args.clients.split(",")):
             row = measure(scheduler, sentences, clients, args.seconds)
             print(f"| {clients} | {row['sentences_per_s']:,.1f} | {row['tokens_per_s']:,.0f} | "
-                  f"{row['cpu_us_per_token']:,.1f} |", flush=True)
+                  f"{row['cpu_us_per_token']:,.1f} | {row['rows_per_step']:.1f} | {row['queue_ms']:.1f} "
+                  f"| {row['join_ms']:.1f} | {row['decoding_ms']:.1f} |", flush=True)
     finally:
         scheduler.stop(5.0)
     return 0

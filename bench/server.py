@@ -155,11 +155,16 @@ STAGES = {
 
 
 def server_usage(port: int, pid: int) -> dict[str, float]:
-    """Running totals: the CPU seconds of the server and its engine processes (/proc), and from its /metrics the
-    decoder steps, their seconds and their rows, and each request stage's count and seconds (`{stage}_count`,
-    `{stage}_sum`; STAGES), summed over models and streams."""
+    """Running totals: the CPU seconds of the server and its engine processes (/proc), and metric_totals of its
+    /metrics."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-    totals = {"cpu_seconds": cpu_seconds(pid), "steps": 0.0, "step_seconds": 0.0, "rows": 0.0}
+    return {"cpu_seconds": cpu_seconds(pid), **metric_totals(text)}
+
+
+def metric_totals(text: str) -> dict[str, float]:
+    """From a server's metrics (Prometheus text): the decoder steps, their seconds and their rows, and each request
+    stage's count and seconds (`{stage}_count`, `{stage}_sum`; STAGES), summed over models and streams."""
+    totals = {"steps": 0.0, "step_seconds": 0.0, "rows": 0.0}
     totals |= {f"{stage}_{part}": 0.0 for stage in STAGES for part in ("count", "sum")}
     wanted = {
         "mt_decoder_step_duration_seconds_sum": "step_seconds",
@@ -182,18 +187,23 @@ def usage_figures(
 ) -> dict[str, float]:
     """Where a run's time went: the decoder's steps' share of the wall (per stream, summed: 2.0 is two streams
     stepping all the time), its rows per step, the cores the server's processes and the load generator used, and
-    each request stage's mean in ms (`{stage}_ms`, STAGES; nan when none was timed in the run)."""
+    stage_means."""
     delta = {key: after[key] - before[key] for key in before}
-    stages = {
-        f"{stage}_ms": 1000 * delta[f"{stage}_sum"] / delta[f"{stage}_count"] if delta[f"{stage}_count"] else nan
-        for stage in STAGES
-    }
     return {
         "decoder_busy": delta["step_seconds"] / elapsed,
         "rows_per_step": delta["rows"] / delta["steps"] if delta["steps"] else 0.0,
         "server_cores": delta["cpu_seconds"] / elapsed,
         "loadgen_cores": loadgen_cpu / elapsed,
-        **stages,
+        **stage_means(delta),
+    }
+
+
+def stage_means(delta: dict[str, float]) -> dict[str, float]:
+    """Each request stage's mean over a run in ms (`{stage}_ms`, STAGES; nan when none was timed), from the
+    difference of two metric_totals."""
+    return {
+        f"{stage}_ms": 1000 * delta[f"{stage}_sum"] / delta[f"{stage}_count"] if delta[f"{stage}_count"] else nan
+        for stage in STAGES
     }
 
 

@@ -17,8 +17,11 @@ def test_closed_loop_clients_keep_the_scheduler_busy_and_it_reports_their_tokens
     assert scheduler.main(args) == 0
     out = capsys.readouterr().out
     assert "fp32, continuous, 1 stream(s)" in out
-    rows = re.findall(r"^\| (\d+) \| ([\d,.]+) \| ([\d,]+) \| ([\d,.]+) \|$", out, re.MULTILINE)
+    rows = re.findall(r"^\| (\d+) \| ([\d,.]+) \| ([\d,]+) \| ([\d,.]+) \| ([\d.| ]+) \|$", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["1", "3"]
-    for _, sentences, tokens, cpu in rows:
+    for clients, sentences, tokens, cpu, rest in rows:
         assert float(sentences.replace(",", "")) > 0 and int(tokens.replace(",", "")) > 0
         assert float(cpu.replace(",", "")) > 0
+        rows_per_step, queue, to_first_step, decoding = (float(v) for v in rest.split(" | "))
+        assert 0 < rows_per_step <= int(clients)  # one row a sentence (greedy), at most a sentence a client
+        assert queue >= 0 and to_first_step > 0 and decoding > 0  # every sentence timed at each stage
