@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.server import bracketed, engine_throughput, print_summary, server_usage, usage_figures
+from bench.server import bracketed, engine_throughput, print_stages, print_summary, server_usage, usage_figures
 from model_export.evaluate import StaticBatches
 
 
@@ -33,6 +33,15 @@ def test_the_summary_takes_medians_and_counts_the_rounds_that_meet_each_target(
     print_summary(rows)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "| int8 | continuous | 32 | 3 | 7,200 | 90% (88-100) | 2 | 3.00 (2.50-3.20) | 2 | 2 |"
+
+
+def test_the_stages_table_gives_the_server_time_left_after_the_engines_stages(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    stages = {"mean_ms": 52.0, "server_ms": 49.5, "queue_ms": 1.5, "join_ms": 8.0, "decoding_ms": 30.0}
+    print_stages([{**row(1, 7_200, 8_000, 50, 160), **stages}])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "| 1 | int8 | continuous | 32 | 52.0 | 49.5 | 1.5 | 8.0 | 30.0 | 10.0 |"  # 49.5 - 1.5 - 8 - 30
 
 
 def test_a_server_run_is_set_against_the_mean_of_the_engine_before_and_after_it() -> None:
