@@ -22,7 +22,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from bench.machine import describe, headline
-from bench.server import metric_totals, stage_means
+from bench.server import batch_figures, metric_totals
 from service.decoding import SearchOptions
 from service.engine_process import EngineProcess
 from service.metrics import Metrics
@@ -92,14 +92,13 @@ def measure(
         time.sleep(0.01)
     if loop.error is not None:
         raise SystemExit(f"a sentence failed: {loop.error}")
-    generated, delta = tokens2 - tokens, {key: after[key] - before[key] for key in before}
+    generated = tokens2 - tokens
     return {
         "clients": clients,
         "sentences_per_s": (sentences2 - sentences) / elapsed,
         "tokens_per_s": generated / elapsed,
         "cpu_us_per_token": (cpu2 - cpu) / max(generated, 1) * 1e6,
-        "rows_per_step": delta["rows"] / delta["steps"] if delta["steps"] else 0.0,
-        **stage_means(delta),  # queue, join, decoding (and server: nan, no HTTP here)
+        **batch_figures(before, after),  # rows per step; queue, join, decoding ms (server: nan, no HTTP here)
     }
 
 

@@ -152,6 +152,17 @@ STAGES = {
     "join": ("mt_join_wait_seconds", {}),  # admitted, to its first step: encoder thread, pass, the step in progress
     "decoding": ("mt_decoding_seconds", {}),  # its first step to its last
 }
+# The running totals read from a server's metrics: name -> (sample, the labels it must have), summed over the rest
+TOTALS = {
+    "steps": ("mt_decoder_step_duration_seconds_count", {}),
+    "step_seconds": ("mt_decoder_step_duration_seconds_sum", {}),
+    "rows": ("mt_decoder_step_rows_sum", {}),
+    **{
+        f"{stage}_{part}": (f"{metric}_{part}", labels)
+        for stage, (metric, labels) in STAGES.items()
+        for part in ("count", "sum")
+    },
+}
 
 
 def server_usage(port: int, pid: int) -> dict[str, float]:
@@ -162,23 +173,14 @@ def server_usage(port: int, pid: int) -> dict[str, float]:
 
 
 def metric_totals(text: str) -> dict[str, float]:
-    """From a server's metrics (Prometheus text): the decoder steps, their seconds and their rows, and each request
-    stage's count and seconds (`{stage}_count`, `{stage}_sum`; STAGES), summed over models and streams."""
-    totals = {"steps": 0.0, "step_seconds": 0.0, "rows": 0.0}
-    totals |= {f"{stage}_{part}": 0.0 for stage in STAGES for part in ("count", "sum")}
-    wanted = {
-        "mt_decoder_step_duration_seconds_sum": "step_seconds",
-        "mt_decoder_step_duration_seconds_count": "steps",
-        "mt_decoder_step_rows_sum": "rows",
-    }
+    """TOTALS from a server's metrics (Prometheus text): the decoder steps, their seconds and their rows, and each
+    request stage's count and seconds (`{stage}_count`, `{stage}_sum`), summed over models and streams."""
+    totals = dict.fromkeys(TOTALS, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in wanted:
-                totals[wanted[sample.name]] += sample.value
-            for stage, (metric, labels) in STAGES.items():
-                metric_name, _, part = sample.name.rpartition("_")
-                if metric_name == metric and part in ("count", "sum") and labels.items() <= sample.labels.items():
-                    totals[f"{stage}_{part}"] += sample.value
+            for total, (name, labels) in TOTALS.items():
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    totals[total] += sample.value
     return totals
 
 
@@ -186,25 +188,24 @@ def usage_figures(
     before: dict[str, float], after: dict[str, float], loadgen_cpu: float, elapsed: float
 ) -> dict[str, float]:
     """Where a run's time went: the decoder's steps' share of the wall (per stream, summed: 2.0 is two streams
-    stepping all the time), its rows per step, the cores the server's processes and the load generator used, and
-    stage_means."""
-    delta = {key: after[key] - before[key] for key in before}
+    stepping all the time), the cores the server's processes and the load generator used, and batch_figures."""
     return {
-        "decoder_busy": delta["step_seconds"] / elapsed,
-        "rows_per_step": delta["rows"] / delta["steps"] if delta["steps"] else 0.0,
-        "server_cores": delta["cpu_seconds"] / elapsed,
+        "decoder_busy": (after["step_seconds"] - before["step_seconds"]) / elapsed,
+        "server_cores": (after["cpu_seconds"] - before["cpu_seconds"]) / elapsed,
         "loadgen_cores": loadgen_cpu / elapsed,
-        **stage_means(delta),
+        **batch_figures(before, after),
     }
 
 
-def stage_means(delta: dict[str, float]) -> dict[str, float]:
-    """Each request stage's mean over a run in ms (`{stage}_ms`, STAGES; nan when none was timed), from the
-    difference of two metric_totals."""
-    return {
+def batch_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """From two metric_totals: the rows per decoder step in between, and each request stage's mean in ms
+    (`{stage}_ms`, STAGES; nan when none was timed)."""
+    delta = {key: after[key] - before[key] for key in TOTALS}
+    stages = {
         f"{stage}_ms": 1000 * delta[f"{stage}_sum"] / delta[f"{stage}_count"] if delta[f"{stage}_count"] else nan
         for stage in STAGES
     }
+    return {"rows_per_step": delta["rows"] / delta["steps"] if delta["steps"] else 0.0, **stages}
 
 
 def main(argv: list[str] | None = None) -> int:
