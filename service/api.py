@@ -1,7 +1,9 @@
-"""The HTTP API (FastAPI): LibreTranslate-compatible /translate and /languages, plus /v1/models,
-/health, /ready and /metrics. Validates and admits at the edge (size, body time, concurrency, expected
-queue wait, draining), maps the service's errors to HTTP statuses in one place, and never runs inference
-on the event loop (the scheduler's worker thread does).
+"""The HTTP API: LibreTranslate-compatible /translate and /languages, plus /v1/models, /health, /ready and
+/metrics. /translate is a pure ASGI endpoint in front of FastAPI (TranslateEndpoint: the hot route skips FastAPI's
+routing, dependencies and response model; the app's OpenAPI schema documents it all the same); the other routes
+are FastAPI's. Validates and admits at the edge (size, body time, concurrency, expected queue wait, draining), maps
+every error to its HTTP answer in one place (`error_answer`), and never runs inference on the event loop (the
+scheduler's worker thread, or the engine process, does).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from typing import Any, Literal
+from http import HTTPStatus
+from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +28,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import models_json_schema
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.admission import Throughput
@@ -47,6 +53,7 @@ from service.settings import Settings
 from service.translator import (
     Registry,
     TranslateOptions,
+    Translation,
     Translator,
     decoder_streams,
     intra_op_threads,
@@ -54,6 +61,7 @@ from service.translator import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
 
 STATUS: dict[type[ServiceError], int] = {
@@ -69,6 +77,7 @@ STATUS: dict[type[ServiceError], int] = {
 }
 SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # echoed in headers and logs: nothing else is taken
 THROUGHPUT_SAMPLE_SECONDS = 0.25
+ERROR_CODES = (400, 403, 404, 408, 413, 415, 422, 500, 503, 504)  # what /translate may answer besides 200
 
 
 # -- request and response bodies ------------------------------------------------------------------
@@ -227,27 +236,57 @@ def rejection(metrics: Metrics, error: ServiceError, retry_after_seconds: int | 
     return error_response(error, retry_after_seconds)
 
 
-class EarlyRefusal:
-    """Pure ASGI middleware, inside CORS and the request context: a POST /translate that `State.admit` refuses
-    (draining, not ready, at the concurrency limit) is answered before FastAPI routes it, with the route's own
-    answer and count. Under a flood most requests are refused, and the HTTP process's CPU per refusal decides how
-    much of a flood it can shed: 179-181 us through the route, 99-100 us here (bench, README "Reliability"). The route
-    checks again: its check, right before it counts the request in, is the one that holds."""
+def error_answer(state: State, error: Exception) -> JSONResponse:
+    """The one mapping from an exception to its HTTP answer, for /translate (TranslateEndpoint) and for FastAPI's
+    routes (their exception handlers call it): the service's errors by STATUS (refusals counted), an invalid body
+    422 saying what to change, HTTP's own (404, 405, 415) as raised, a client gone before its answer 499, anything
+    else a logged 500."""
+    if isinstance(error, ServiceError):
+        return rejection(state.metrics, error, state.settings.retry_after_seconds)
+    if isinstance(error, RequestValidationError | ValidationError):
+        return JSONAnswer({"error": describe_validation(list(error.errors()))}, status_code=422)
+    if isinstance(error, StarletteHTTPException):
+        return JSONAnswer({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
+    if isinstance(error, ClientDisconnect):
+        return JSONAnswer({"error": "client closed the request"}, status_code=499)
+    log.error("unexpected error", exc_info=error)
+    return JSONAnswer({"error": "internal error; the request id is in the X-Request-ID header"}, status_code=500)
 
-    def __init__(self, app: ASGIApp, state: State, route: Any) -> None:
-        self.app, self.state, self.route = app, state, route
+
+class TranslateEndpoint:
+    """Pure ASGI middleware, inside CORS and the request context: the whole of /translate, answered without
+    FastAPI's routing, middleware stack, dependency solving and response model (the HTTP process's CPU per request
+    at 32 clients: 711 -> 569 µs, and more rows in the decoder's batch; README, the change table). A request is
+    admitted (State.admit: draining, readiness, the concurrency limit) before its body is read, then read,
+    validated, translated and answered with the same models (TranslateRequest, TranslateResponse; the app's OpenAPI
+    schema documents them: `document_translate`) and the same errors (`error_answer`) as every route. Other paths
+    go on to FastAPI."""
+
+    path = "/translate"  # RequestContext labels the request's metrics with scope["route"].path
+
+    def __init__(self, app: ASGIApp, state: State) -> None:
+        self.app, self.state = app, state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/translate":
-            try:
-                self.state.admit()
-            except Overloaded as error:
-                scope["route"] = self.route  # the request's metrics label it as the route would
-                await rejection(self.state.metrics, error, self.state.settings.retry_after_seconds)(
-                    scope, receive, send
-                )
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["path"] != self.path:
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = self
+        try:
+            answer = await self.answer(scope, receive)
+        except Exception as error:  # every error gets its answer
+            answer = error_answer(self.state, error)
+        await answer(scope, receive, send)
+
+    async def answer(self, scope: Scope, receive: Receive) -> JSONResponse:
+        if scope["method"] != "POST":
+            raise StarletteHTTPException(405, headers={"Allow": "POST"})
+        self.state.admit()  # before the body is read: a refusal under a flood costs little
+        self.state.handling += 1
+        try:
+            return JSONAnswer(await translate(self.state, scope, receive))
+        finally:
+            self.state.handling -= 1
 
 
 # -- the app --------------------------------------------------------------------------------------
@@ -373,10 +412,10 @@ def create_app(
         "POST /translate is compatible with LibreTranslate's API.",
     )
     app.state.service = state
-    _add_error_handlers(app)
+    _add_error_handlers(app, state)
     _add_routes(app, state)
-    translate_route = next(r for r in app.routes if getattr(r, "path", None) == "/translate")
-    app.add_middleware(EarlyRefusal, state=state, route=translate_route)  # inside CORS: refusals carry its headers
+    document_translate(app)
+    app.add_middleware(TranslateEndpoint, state=state)  # inside CORS and the request context: its answers get both
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -394,24 +433,14 @@ def create_app(
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def service_error(_: Request, error: ServiceError) -> JSONResponse:
-        state: State = app.state.service
-        return rejection(state.metrics, error, state.settings.retry_after_seconds)
+def _add_error_handlers(app: FastAPI, state: State) -> None:
+    """FastAPI's routes answer their errors through error_answer, as /translate does."""
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
-        return JSONAnswer({"error": describe_validation(error.errors())}, status_code=422)
+    async def answer(_: Request, error: Exception) -> JSONResponse:
+        return error_answer(state, error)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        return JSONAnswer({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, error: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return JSONAnswer({"error": "internal error; the request id is in the X-Request-ID header"}, status_code=500)
+    for kind in (ServiceError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(kind, answer)
 
 
 def describe_validation(errors: list[Any]) -> str:
@@ -423,19 +452,19 @@ def describe_validation(errors: list[Any]) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-async def read_payload(request: Request) -> dict[str, Any]:
+async def read_payload(scope: Scope, receive: Receive, headers: Headers) -> dict[str, Any]:
     """JSON or form-encoded body -> dict; anything else is a 422/415 with a clear message. The body's size and
     arrival time are bounded by the middleware (BodyGuard) while it is read."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        form = await request.form()
+        form = await Request(scope, receive).form()
         payload: dict[str, Any] = {k: form.getlist(k) if k == "q" else form.get(k) for k in form}
         if isinstance(payload.get("q"), list) and len(payload["q"]) == 1:
             payload["q"] = payload["q"][0]
         return payload
     if content_type not in ("application/json", ""):
         raise StarletteHTTPException(415, f"unsupported content type {content_type!r}: send JSON or a form")
-    raw = await request.body()
+    raw = await read_body(receive)
     try:
         payload = json.loads(raw)
     except RecursionError:  # [[[[...]]]]: the parser's recursion limit, not the server's
@@ -447,6 +476,18 @@ async def read_payload(request: Request) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise RequestValidationError([{"loc": ("body",), "msg": "expected a JSON object"}])
     return payload
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole body, however many messages it comes in; ClientDisconnect if the client leaves first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def key_matches(keys: list[str], given: str) -> bool:
@@ -491,100 +532,129 @@ def check_size(settings: Settings, texts: list[str]) -> None:
         raise TooLarge(f"q has {chars} characters; the limit is {settings.max_request_chars}")
 
 
-async def until_disconnected(request: Request) -> None:
+async def until_disconnected(receive: Receive) -> None:
     """Returns when the client goes away (the body has been read, so receive() waits for that)."""
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
-async def run_translation(request: Request, work: Callable[[], Awaitable[Any]]) -> Any:
+async def run_translation(receive: Receive, work: Callable[[], Awaitable[T]]) -> T:
     """Runs `work`, cancelling it (and so dropping its rows) if the client disconnects first."""
     task = asyncio.ensure_future(work())
-    watcher = asyncio.ensure_future(until_disconnected(request))
+    watcher = asyncio.ensure_future(until_disconnected(receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
     if not task.done():
         task.cancel()
-        raise StarletteHTTPException(499, "client closed the request")
+        raise ClientDisconnect()
     return task.result()
+
+
+# -- POST /translate ------------------------------------------------------------------------------
+
+
+async def translate(state: State, scope: Scope, receive: Receive) -> dict[str, Any]:
+    """POST /translate's work once admitted: the body read and validated, its texts translated by the model that
+    the languages (or `model`) pick, the answer as TranslateResponse's fields."""
+    settings, headers = state.settings, Headers(scope=scope)
+    payload = await read_payload(scope, receive, headers)
+    check_items(settings, payload)
+    body = TranslateRequest.model_validate(payload)
+    check_key(settings, body.api_key or headers.get("x-api-key"))
+    texts = [body.q] if isinstance(body.q, str) else body.q
+    check_size(settings, texts)
+    options = translate_options(settings, body)
+    translator, source = state.registry.pick(body.source, body.target, body.model)
+    state.check_queue_wait(translator)
+    state.metrics.in_flight.inc()
+    try:
+        result = await run_translation(receive, lambda: translator.translate(texts, body.target, options))
+    finally:
+        state.metrics.in_flight.dec()
+    return translate_response(body, result, source, translator.name).model_dump(exclude_none=True)
+
+
+def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOptions:
+    """A request's search, its omitted fields from the settings; InvalidRequest beyond the server's limits."""
+    beam = body.beam_size or settings.default_beam_size
+    if beam > settings.max_beam_size or body.alternatives + 1 > settings.max_beam_size:
+        raise InvalidRequest(f"beam_size and alternatives + 1 may be at most {settings.max_beam_size}")
+    if body.max_length is not None and body.max_length > settings.max_output_tokens:
+        raise InvalidRequest(f"max_length may be at most {settings.max_output_tokens}")
+    return TranslateOptions(
+        beam_size=beam,
+        alternatives=body.alternatives,
+        length_penalty=settings.default_length_penalty if body.length_penalty is None else body.length_penalty,
+        max_length=body.max_length,
+        html=body.format == "html",
+        timeout=body.timeout,
+    )
+
+
+def translate_response(body: TranslateRequest, result: Translation, source: str, model: str) -> TranslateResponse:
+    """The answer: one value per field for a string `q`, a list for a list."""
+    single = isinstance(body.q, str)
+    return TranslateResponse(
+        translatedText=result.texts[0] if single else result.texts,
+        alternatives=result.alternatives[0] if single else result.alternatives,
+        detectedLanguage=DetectedLanguage(language=source, confidence=100.0) if body.source == "auto" else None,
+        scores=(result.scores[0] if single else result.scores) if body.return_scores else None,
+        usage=Usage(
+            input_tokens=result.input_tokens,
+            output_tokens=result.output_tokens,
+            queue_seconds=round(result.queue_seconds, 4),
+            total_seconds=round(result.seconds, 4),
+            model=model,
+        ),
+    )
+
+
+def document_translate(app: FastAPI) -> None:
+    """Adds POST /translate (TranslateEndpoint, not a FastAPI route) to the app's OpenAPI schema: its body as JSON
+    or a form (TranslateRequest), its answer (TranslateResponse) and its errors (ErrorBody)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        _, definitions = models_json_schema(
+            [(TranslateRequest, "validation"), (TranslateResponse, "serialization"), (ErrorBody, "serialization")],
+            ref_template="#/components/schemas/{model}",
+        )
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions["$defs"])
+
+        def json_of(model: type[BaseModel]) -> dict[str, Any]:
+            return {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
+
+        request = json_of(TranslateRequest)["application/json"]
+        errors = {
+            str(code): {"description": HTTPStatus(code).phrase, "content": json_of(ErrorBody)} for code in ERROR_CODES
+        }
+        schema["paths"] = {
+            "/translate": {
+                "post": {
+                    "summary": "Translate text (LibreTranslate-compatible)",
+                    "operationId": "translate",
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": request, "application/x-www-form-urlencoded": request},
+                    },
+                    "responses": {"200": {"description": "the translation", "content": json_of(TranslateResponse)}}
+                    | errors,
+                }
+            },
+            **schema.get("paths", {}),
+        }
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _add_routes(app: FastAPI, state: State) -> None:
     settings = state.settings
-    json_schema = TranslateRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    body_doc = {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": json_schema},
-                "application/x-www-form-urlencoded": {"schema": json_schema},
-            },
-        }
-    }
-    errors_doc = {code: {"model": ErrorBody} for code in (400, 403, 404, 408, 413, 415, 422, 500, 503, 504)}
-
-    @app.post(
-        "/translate",
-        response_model=TranslateResponse,
-        response_model_exclude_none=True,
-        openapi_extra=body_doc,
-        responses=errors_doc,
-        summary="Translate text (LibreTranslate-compatible)",
-    )
-    async def translate(request: Request) -> TranslateResponse:
-        state.admit()
-        state.handling += 1
-        try:
-            return await translate_admitted(request)
-        finally:
-            state.handling -= 1
-
-    async def translate_admitted(request: Request) -> TranslateResponse:
-        payload = await read_payload(request)
-        check_items(settings, payload)
-        try:
-            body = TranslateRequest.model_validate(payload)
-        except ValidationError as error:
-            raise RequestValidationError(error.errors()) from None
-        check_key(settings, body.api_key or request.headers.get("x-api-key"))
-        texts = [body.q] if isinstance(body.q, str) else body.q
-        check_size(settings, texts)
-        beam = body.beam_size or settings.default_beam_size
-        if beam > settings.max_beam_size or body.alternatives + 1 > settings.max_beam_size:
-            raise InvalidRequest(f"beam_size and alternatives + 1 may be at most {settings.max_beam_size}")
-        if body.max_length is not None and body.max_length > settings.max_output_tokens:
-            raise InvalidRequest(f"max_length may be at most {settings.max_output_tokens}")
-        translator, source = state.registry.pick(body.source, body.target, body.model)
-        state.check_queue_wait(translator)
-        options = TranslateOptions(
-            beam_size=beam,
-            alternatives=body.alternatives,
-            length_penalty=settings.default_length_penalty if body.length_penalty is None else body.length_penalty,
-            max_length=body.max_length,
-            html=body.format == "html",
-            timeout=body.timeout,
-        )
-        state.metrics.in_flight.inc()
-        try:
-            result = await run_translation(request, lambda: translator.translate(texts, body.target, options))
-        finally:
-            state.metrics.in_flight.dec()
-        single = isinstance(body.q, str)
-        return TranslateResponse(
-            translatedText=result.texts[0] if single else result.texts,
-            alternatives=result.alternatives[0] if single else result.alternatives,
-            detectedLanguage=DetectedLanguage(language=source, confidence=100.0) if body.source == "auto" else None,
-            scores=(result.scores[0] if single else result.scores) if body.return_scores else None,
-            usage=Usage(
-                input_tokens=result.input_tokens,
-                output_tokens=result.output_tokens,
-                queue_seconds=round(result.queue_seconds, 4),
-                total_seconds=round(result.seconds, 4),
-                model=translator.name,
-            ),
-        )
 
     @app.get("/languages", summary="Languages and their targets (LibreTranslate's format)")
     async def languages() -> list[dict[str, object]]:

@@ -209,11 +209,22 @@ def test_inference_failure_is_500_for_that_batch_only(model_dir: Path) -> None:
         )
 
 
-def test_openapi_documents_the_translate_body(client: TestClient) -> None:
+def test_openapi_documents_translate_beside_the_fastapi_routes(client: TestClient) -> None:
+    """/translate is not a FastAPI route (TranslateEndpoint); the schema documents its body, answer and errors."""
     spec = client.get("/openapi.json").json()
-    body = spec["paths"]["/translate"]["post"]["requestBody"]["content"]
+    schemas = spec["components"]["schemas"]
+
+    def resolved(content: dict) -> dict:
+        return schemas[content["schema"]["$ref"].rsplit("/", 1)[1]]
+
+    operation = spec["paths"]["/translate"]["post"]
+    body = operation["requestBody"]["content"]
     assert {"application/json", "application/x-www-form-urlencoded"} <= set(body)
-    assert "q" in body["application/json"]["schema"]["properties"]
+    assert {"q", "source", "target", "beam_size"} <= set(resolved(body["application/json"])["properties"])
+    answer = resolved(operation["responses"]["200"]["content"]["application/json"])
+    assert {"translatedText", "alternatives", "usage"} <= set(answer["properties"])
+    assert resolved(operation["responses"]["503"]["content"]["application/json"])["required"] == ["error"]
+    assert {"/languages", "/v1/models", "/health", "/ready", "/metrics"} <= set(spec["paths"])
 
 
 def test_short_text_is_prepared_on_the_event_loop_and_long_text_in_a_thread() -> None:

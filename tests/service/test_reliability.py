@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 
 from service import translator as translator_module
 from service.admission import Throughput
-from service.api import EarlyRefusal, State, create_app
+from service.api import State, TranslateEndpoint, create_app
 from service.metrics import Metrics
 from tests.service.test_api import fail_first_call, settings_for
 from tests.service.test_e2e import free_port, metric, running_server, start_server, wait_ready
@@ -328,12 +328,14 @@ def test_too_many_requests_at_once_is_503(model_dir: Path) -> None:
         answers_normally(c)
 
 
-def test_a_refusal_at_the_edge_never_reaches_the_routes(model_dir: Path) -> None:
-    """EarlyRefusal answers what State.admit refuses before FastAPI routes it (half the HTTP process's CPU per
-    refusal under a flood), and passes everything else on."""
+def test_a_refusal_at_the_edge_never_reads_the_body(model_dir: Path) -> None:
+    """TranslateEndpoint answers /translate itself: what State.admit refuses before the body is read (the HTTP
+    process's CPU per refusal decides how much of a flood it can shed), other methods 405, and every other path is
+    passed on to FastAPI."""
     state = State(settings_for(model_dir, max_concurrent_requests=1), Metrics())
     state.ready, state.handling = True, 1
     reached: list[str] = []
+    bodies_read: list[str] = []
 
     async def inner(scope: dict, receive: object, send: object) -> None:
         reached.append(f"{scope['method']} {scope['path']}")
@@ -345,23 +347,64 @@ def test_a_refusal_at_the_edge_never_reaches_the_routes(model_dir: Path) -> None
             sent.append(message)
 
         async def receive() -> dict:
+            bodies_read.append(path)
             return {"type": "http.request", "body": b"{}", "more_body": False}
 
         scope = {"type": "http", "method": method, "path": path, "headers": []}
-        await EarlyRefusal(inner, state, route="the route")(scope, receive, send)
+        await TranslateEndpoint(inner, state)(scope, receive, send)
         return sent
 
     refused = asyncio.run(call("POST", "/translate"))
-    assert reached == [] and refused[0]["status"] == 503
+    assert reached == [] and bodies_read == [] and refused[0]["status"] == 503
     assert (b"retry-after", b"1") in refused[0]["headers"]
     assert json.loads(refused[1]["body"]) == {"error": "too many requests at once (the limit is 1); retry later"}
-    assert asyncio.run(call("GET", "/translate")) == [] and asyncio.run(call("POST", "/v1/models")) == []
-    assert reached == ["GET /translate", "POST /v1/models"]  # not the refused kind: passed on
+    wrong_method = asyncio.run(call("GET", "/translate"))
+    assert wrong_method[0]["status"] == 405 and (b"allow", b"POST") in wrong_method[0]["headers"]
+    assert asyncio.run(call("POST", "/v1/models")) == [] and reached == ["POST /v1/models"]  # passed on
+    assert bodies_read == []
     state.handling = 0
-    assert asyncio.run(call("POST", "/translate")) == [] and reached[-1] == "POST /translate"  # admitted
+    admitted = asyncio.run(call("POST", "/translate"))  # read and validated: {} has no q
+    assert bodies_read == ["/translate"] and admitted[0]["status"] == 422 and state.handling == 0
+    assert json.loads(admitted[1]["body"])["error"].startswith("invalid request: q: Field required")
     app = create_app(settings_for(model_dir, cors_origins=["https://a.example"]))
     stack = [m.cls.__name__ for m in app.user_middleware]  # outermost first
-    assert stack == ["RequestContext", "CORSMiddleware", "EarlyRefusal"]  # refusals get an id, metrics and CORS
+    assert stack == ["RequestContext", "CORSMiddleware", "TranslateEndpoint"]  # its answers get an id, metrics, CORS
+
+
+def test_a_client_gone_while_its_body_is_read_is_499_and_a_bug_is_a_logged_500(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TranslateEndpoint's answers for what no request should cause: the client leaving before its body is whole
+    (499, in the access log and the metrics only), and an exception that is not the service's (500, logged with its
+    traceback); either way the request stops counting towards the concurrency limit."""
+    state = State(settings_for(model_dir), Metrics())
+    state.ready = True
+
+    async def call(receive: object) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/translate", "headers": []}
+        await TranslateEndpoint(None, state)(scope, receive, send)  # type: ignore[arg-type]
+        return sent
+
+    parts = iter([{"type": "http.request", "body": b'{"q": "Open', "more_body": True}, {"type": "http.disconnect"}])
+
+    async def leaves() -> dict:
+        return next(parts)
+
+    async def breaks() -> dict:
+        raise KeyError("a bug")
+
+    gone = asyncio.run(call(leaves))
+    assert gone[0]["status"] == 499 and json.loads(gone[1]["body"]) == {"error": "client closed the request"}
+    with caplog.at_level(logging.ERROR, logger="service.api"):
+        broken = asyncio.run(call(breaks))
+    assert broken[0]["status"] == 500 and "request id" in json.loads(broken[1]["body"])["error"]
+    assert any(r.exc_info and r.exc_info[0] is KeyError for r in caplog.records)
+    assert state.handling == 0
 
 
 def test_a_body_too_large_by_its_length_is_counted_as_too_large(model_dir: Path) -> None:
