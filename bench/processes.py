@@ -37,11 +37,14 @@ def rss_mb(pid: int) -> float:
 def cpu_seconds(pid: int) -> float:
     """CPU time (user and system) that `pid` and its children have used so far, in seconds; a process that just
     exited counts nothing."""
-    total = 0
-    for process in [pid, *children(pid)]:
-        try:
-            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5)), in clock ticks
-    return total / CLOCK_TICKS
+    return sum(own_cpu_seconds(process) for process in [pid, *children(pid)])
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) that `pid` itself has used so far (not its children), in seconds; 0.0 for a
+    process that is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15 of proc(5)), in ticks

@@ -43,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.load import run_load
 from bench.machine import describe, headline
-from bench.processes import cpu_seconds
+from bench.processes import cpu_seconds, own_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_THREADS = 2  # the engine alone: this project's development machines have 2 cores
@@ -166,10 +166,11 @@ TOTALS = {
 
 
 def server_usage(port: int, pid: int) -> dict[str, float]:
-    """Running totals: the CPU seconds of the server and its engine processes (/proc), and metric_totals of its
-    /metrics."""
+    """Running totals: the CPU seconds of the server and its engine processes, and of the server's own (HTTP)
+    process alone (/proc), and metric_totals of its /metrics."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-    return {"cpu_seconds": cpu_seconds(pid), **metric_totals(text)}
+    http = own_cpu_seconds(pid)  # before the whole, which then counts at least as much of this process
+    return {"cpu_seconds": cpu_seconds(pid), "http_cpu_seconds": http, **metric_totals(text)}
 
 
 def metric_totals(text: str) -> dict[str, float]:
@@ -188,11 +189,16 @@ def usage_figures(
     before: dict[str, float], after: dict[str, float], loadgen_cpu: float, elapsed: float
 ) -> dict[str, float]:
     """Where a run's time went: the decoder's steps' share of the wall (per stream, summed: 2.0 is two streams
-    stepping all the time), the cores the server's processes and the load generator used, and batch_figures."""
+    stepping all the time), the cores the server's processes and the load generator used, the HTTP process's CPU
+    per /translate request in µs (it shares a core with the encoder thread: README, "What bounds the server here"),
+    and batch_figures."""
+    requests = after["server_count"] - before["server_count"]
+    http_seconds = after["http_cpu_seconds"] - before["http_cpu_seconds"]
     return {
         "decoder_busy": (after["step_seconds"] - before["step_seconds"]) / elapsed,
         "server_cores": (after["cpu_seconds"] - before["cpu_seconds"]) / elapsed,
         "loadgen_cores": loadgen_cpu / elapsed,
+        "http_us_per_request": 1e6 * http_seconds / requests if requests else nan,
         **batch_figures(before, after),
     }
 
@@ -309,12 +315,16 @@ def print_rows(rows: list[dict]) -> None:
 
 def print_usage(rows: list[dict]) -> None:
     """Where each run's time went (usage_figures): is the decoder busy, and are the cores full?"""
-    print("\n| round | variant | mode | clients | decoder busy | rows per step | server cores | load generator cores |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|")
+    print(
+        "\n| round | variant | mode | clients | decoder busy | rows per step | server cores "
+        "| HTTP process µs per request | load generator cores |"
+    )
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['round']} | {r['variant']} | {r['mode']} | {r['clients']} | {r['decoder_busy']:.2f} "
-            f"| {r['rows_per_step']:.1f} | {r['server_cores']:.2f} | {r['loadgen_cores']:.2f} |"
+            f"| {r['rows_per_step']:.1f} | {r['server_cores']:.2f} | {r['http_us_per_request']:.0f} "
+            f"| {r['loadgen_cores']:.2f} |"
         )
 
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from bench.processes import children, cpu_seconds, rss_mb
+from bench.processes import children, cpu_seconds, own_cpu_seconds, rss_mb
 
 
 def test_a_child_is_found_and_its_cpu_time_and_memory_count_with_its_parents() -> None:
@@ -17,6 +17,8 @@ def test_a_child_is_found_and_its_cpu_time_and_memory_count_with_its_parents() -
             time.sleep(0.05)  # until the child has burnt its 0.3 s
         assert child.pid in children(os.getpid())
         assert cpu_seconds(os.getpid()) - time.process_time() >= 0.25  # the child's time on top of this process's
+        assert own_cpu_seconds(os.getpid()) < cpu_seconds(os.getpid()) - 0.2  # this process's alone
+        assert own_cpu_seconds(child.pid) >= 0.25
         assert rss_mb(os.getpid()) > rss_mb(child.pid) > 0
     finally:
         child.kill()

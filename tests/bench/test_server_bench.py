@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.server import bracketed, engine_throughput, print_stages, print_summary, server_usage, usage_figures
+from bench.server import (
+    bracketed,
+    engine_throughput,
+    print_stages,
+    print_summary,
+    print_usage,
+    server_usage,
+    usage_figures,
+)
 from model_export.evaluate import StaticBatches
 
 
@@ -42,6 +50,14 @@ def test_the_stages_table_gives_the_server_time_left_after_the_engines_stages(
     print_stages([{**row(1, 7_200, 8_000, 50, 160), **stages}])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "| 1 | int8 | continuous | 32 | 52.0 | 49.5 | 1.5 | 8.0 | 30.0 | 10.0 |"  # 49.5 - 1.5 - 8 - 30
+
+
+def test_the_usage_table_gives_the_http_process_cpu_per_request(capsys: pytest.CaptureFixture[str]) -> None:
+    usage = {"decoder_busy": 0.91, "rows_per_step": 20.1, "server_cores": 1.73, "loadgen_cores": 0.08}
+    print_usage([{**row(1, 7_200, 8_000, 50, 160), **usage, "http_us_per_request": 569.4}])
+    header, _, last = capsys.readouterr().out.strip().splitlines()
+    assert header.split(" | ")[7] == "HTTP process µs per request"
+    assert last == "| 1 | int8 | continuous | 32 | 0.91 | 20.1 | 1.73 | 569 | 0.08 |"
 
 
 def test_a_server_run_is_set_against_the_mean_of_the_engine_before_and_after_it() -> None:
@@ -119,17 +135,21 @@ def test_a_servers_usage_is_read_from_its_metrics_and_its_processes() -> None:
     assert (usage["decoding_count"], usage["decoding_sum"]) == (10.0, 0.3)  # both models
     assert (usage["queue_count"], usage["join_count"]) == (0.0, 0.0)  # not in this server's metrics
     assert 0 < usage["cpu_seconds"] <= time.process_time() + 1  # this process's (and its children's) CPU time
+    assert 0 < usage["http_cpu_seconds"] <= usage["cpu_seconds"]  # this process's alone
 
 
 def test_usage_figures_are_shares_of_the_run_and_means_of_its_stages() -> None:
     stages = {f"{stage}_{part}": 0.0 for stage in ("server", "queue", "join", "decoding") for part in ("count", "sum")}
-    before = {"cpu_seconds": 10.0, "steps": 100.0, "step_seconds": 1.0, "rows": 2_000.0, **stages}
-    after = {"cpu_seconds": 46.0, "steps": 4_100.0, "step_seconds": 19.0, "rows": 82_000.0, **stages}
-    after |= {"server_count": 100.0, "server_sum": 5.0, "decoding_count": 100.0, "decoding_sum": 3.0}
+    cpu = {"cpu_seconds": 10.0, "http_cpu_seconds": 4.0}
+    before = {**cpu, "steps": 100.0, "step_seconds": 1.0, "rows": 2_000.0, **stages}
+    after = {"cpu_seconds": 46.0, "http_cpu_seconds": 4.06, "steps": 4_100.0, "step_seconds": 19.0, "rows": 82_000.0}
+    after |= stages | {"server_count": 100.0, "server_sum": 5.0, "decoding_count": 100.0, "decoding_sum": 3.0}
     figures = usage_figures(before, after, loadgen_cpu=1.6, elapsed=20.0)
     assert {key: figures[key] for key in ("decoder_busy", "rows_per_step", "server_cores", "loadgen_cores")} == {
         "decoder_busy": 0.9, "rows_per_step": 20.0, "server_cores": 1.8, "loadgen_cores": 0.08,
     }  # fmt: skip
+    assert figures["http_us_per_request"] == pytest.approx(600.0)  # the HTTP process's 0.06 s over 100 requests
     assert (figures["server_ms"], figures["decoding_ms"]) == (50.0, 30.0)  # per request, in the run only
     assert math.isnan(figures["queue_ms"])  # nothing timed in the run
-    assert usage_figures(before, before, 0.0, 1.0)["rows_per_step"] == 0.0  # no step in the run
+    idle = usage_figures(before, before, 0.0, 1.0)
+    assert idle["rows_per_step"] == 0.0 and math.isnan(idle["http_us_per_request"])  # no step, no request
