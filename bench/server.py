@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from math import nan
 from pathlib import Path
 
@@ -298,34 +299,53 @@ def serve_mode(args: argparse.Namespace, texts: list[str], variant: str, mode: s
     return rows
 
 
-def print_rows(rows: list[dict]) -> None:
-    print(
-        "| round | variant | mode | clients | requests/s | target tok/s | engine 1 x 32, before / after | % of 1 x 32 "
-        "| % of 2 x 16 | p50 ms | p95 ms | p99 ms | p99 ÷ p50 | errors |"
-    )
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+def rest_ms(r: dict) -> float:
+    """A request's time in the server outside the engine's stages: the HTTP side's own work and the pipes."""
+    return r["server_ms"] - r["queue_ms"] - r["join_ms"] - r["decoding_ms"]
+
+
+def print_runs(rows: list[dict], columns: dict[str, Callable[[dict], str]]) -> None:
+    """A table of one line per run: its round, variant, mode and clients, then `columns` (header -> its cell)."""
+    print("| round | variant | mode | clients | " + " | ".join(columns) + " |")
+    print("|---:|---|---|---:|" + "---:|" * len(columns))
     for r in rows:
-        print(
-            f"| {r['round']} | {r['variant']} | {r['mode']} | {r['clients']} | {r['requests_per_s']:.1f} "
-            f"| {r['tokens_per_s']:,.0f} | {r['engine_1x32_before']:,.0f} / {r['engine_1x32_after']:,.0f} "
-            f"| {100 * r['of_1x32']:.0f}% | {100 * r['of_2x16']:.0f}% | {r['p50_ms']:.0f} "
-            f"| {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['p99_ms'] / r['p50_ms']:.2f} | {r['errors']} |"
-        )
+        cells = [str(r["round"]), r["variant"], r["mode"], str(r["clients"]), *(cell(r) for cell in columns.values())]
+        print("| " + " | ".join(cells) + " |")
+
+
+def print_rows(rows: list[dict]) -> None:
+    print_runs(
+        rows,
+        {
+            "requests/s": lambda r: f"{r['requests_per_s']:.1f}",
+            "target tok/s": lambda r: f"{r['tokens_per_s']:,.0f}",
+            "engine 1 x 32, before / after": lambda r: (
+                f"{r['engine_1x32_before']:,.0f} / {r['engine_1x32_after']:,.0f}"
+            ),
+            "% of 1 x 32": lambda r: f"{100 * r['of_1x32']:.0f}%",
+            "% of 2 x 16": lambda r: f"{100 * r['of_2x16']:.0f}%",
+            "p50 ms": lambda r: f"{r['p50_ms']:.0f}",
+            "p95 ms": lambda r: f"{r['p95_ms']:.0f}",
+            "p99 ms": lambda r: f"{r['p99_ms']:.0f}",
+            "p99 ÷ p50": lambda r: f"{r['p99_ms'] / r['p50_ms']:.2f}",
+            "errors": lambda r: str(r["errors"]),
+        },
+    )
 
 
 def print_usage(rows: list[dict]) -> None:
     """Where each run's time went (usage_figures): is the decoder busy, and are the cores full?"""
-    print(
-        "\n| round | variant | mode | clients | decoder busy | rows per step | server cores "
-        "| HTTP process µs per request | load generator cores |"
+    print()
+    print_runs(
+        rows,
+        {
+            "decoder busy": lambda r: f"{r['decoder_busy']:.2f}",
+            "rows per step": lambda r: f"{r['rows_per_step']:.1f}",
+            "server cores": lambda r: f"{r['server_cores']:.2f}",
+            "HTTP process µs per request": lambda r: f"{r['http_us_per_request']:.0f}",
+            "load generator cores": lambda r: f"{r['loadgen_cores']:.2f}",
+        },
     )
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['round']} | {r['variant']} | {r['mode']} | {r['clients']} | {r['decoder_busy']:.2f} "
-            f"| {r['rows_per_step']:.1f} | {r['server_cores']:.2f} | {r['http_us_per_request']:.0f} "
-            f"| {r['loadgen_cores']:.2f} |"
-        )
 
 
 def print_stages(rows: list[dict]) -> None:
@@ -333,17 +353,18 @@ def print_stages(rows: list[dict]) -> None:
     Client: as the load generator saw it; server: the HTTP process, received to answered; in the engine: queued,
     to its first step (the encoder thread's backlog, its pass, the step in progress), in the decoder batch; the
     rest of the server's time is the HTTP side's own work and the pipe to the engine and back."""
-    print(
-        "\n| round | variant | mode | clients | client ms | server ms | queue ms | to first step ms | decoding ms "
-        "| rest of the server ms |"
+    print()
+    print_runs(
+        rows,
+        {
+            "client ms": lambda r: f"{r['mean_ms']:.1f}",
+            "server ms": lambda r: f"{r['server_ms']:.1f}",
+            "queue ms": lambda r: f"{r['queue_ms']:.1f}",
+            "to first step ms": lambda r: f"{r['join_ms']:.1f}",
+            "decoding ms": lambda r: f"{r['decoding_ms']:.1f}",
+            "rest of the server ms": lambda r: f"{rest_ms(r):.1f}",
+        },
     )
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        rest = r["server_ms"] - r["queue_ms"] - r["join_ms"] - r["decoding_ms"]
-        print(
-            f"| {r['round']} | {r['variant']} | {r['mode']} | {r['clients']} | {r['mean_ms']:.1f} "
-            f"| {r['server_ms']:.1f} | {r['queue_ms']:.1f} | {r['join_ms']:.1f} | {r['decoding_ms']:.1f} | {rest:.1f} |"
-        )
 
 
 def print_summary(rows: list[dict]) -> None:

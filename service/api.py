@@ -29,7 +29,6 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import models_json_schema
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -77,6 +76,7 @@ STATUS: dict[type[ServiceError], int] = {
 }
 SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # echoed in headers and logs: nothing else is taken
 THROUGHPUT_SAMPLE_SECONDS = 0.25
+JSON, FORM = "application/json", "application/x-www-form-urlencoded"  # the media types /translate reads
 ERROR_CODES = (400, 403, 404, 408, 413, 415, 422, 500, 503, 504)  # what /translate may answer besides 200
 
 
@@ -452,19 +452,20 @@ def describe_validation(errors: list[Any]) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-async def read_payload(scope: Scope, receive: Receive, headers: Headers) -> dict[str, Any]:
+async def read_payload(request: Request) -> dict[str, Any]:
     """JSON or form-encoded body -> dict; anything else is a 422/415 with a clear message. The body's size and
-    arrival time are bounded by the middleware (BodyGuard) while it is read."""
-    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        form = await Request(scope, receive).form()
+    arrival time are bounded by the middleware (BodyGuard) while it is read; a client gone before it is whole raises
+    ClientDisconnect."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in (FORM, "multipart/form-data"):
+        form = await request.form()
         payload: dict[str, Any] = {k: form.getlist(k) if k == "q" else form.get(k) for k in form}
         if isinstance(payload.get("q"), list) and len(payload["q"]) == 1:
             payload["q"] = payload["q"][0]
         return payload
-    if content_type not in ("application/json", ""):
+    if content_type not in (JSON, ""):
         raise StarletteHTTPException(415, f"unsupported content type {content_type!r}: send JSON or a form")
-    raw = await read_body(receive)
+    raw = await request.body()
     try:
         payload = json.loads(raw)
     except RecursionError:  # [[[[...]]]]: the parser's recursion limit, not the server's
@@ -476,18 +477,6 @@ async def read_payload(scope: Scope, receive: Receive, headers: Headers) -> dict
     if not isinstance(payload, dict):
         raise RequestValidationError([{"loc": ("body",), "msg": "expected a JSON object"}])
     return payload
-
-
-async def read_body(receive: Receive) -> bytes:
-    """The whole body, however many messages it comes in; ClientDisconnect if the client leaves first."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def key_matches(keys: list[str], given: str) -> bool:
@@ -558,11 +547,11 @@ async def run_translation(receive: Receive, work: Callable[[], Awaitable[T]]) ->
 async def translate(state: State, scope: Scope, receive: Receive) -> dict[str, Any]:
     """POST /translate's work once admitted: the body read and validated, its texts translated by the model that
     the languages (or `model`) pick, the answer as TranslateResponse's fields."""
-    settings, headers = state.settings, Headers(scope=scope)
-    payload = await read_payload(scope, receive, headers)
+    settings, request = state.settings, Request(scope, receive)
+    payload = await read_payload(request)
     check_items(settings, payload)
     body = TranslateRequest.model_validate(payload)
-    check_key(settings, body.api_key or headers.get("x-api-key"))
+    check_key(settings, body.api_key or request.headers.get("x-api-key"))
     texts = [body.q] if isinstance(body.q, str) else body.q
     check_size(settings, texts)
     options = translate_options(settings, body)
@@ -620,34 +609,26 @@ def document_translate(app: FastAPI) -> None:
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = build()
+        template = "#/components/schemas/{model}"
         _, definitions = models_json_schema(
             [(TranslateRequest, "validation"), (TranslateResponse, "serialization"), (ErrorBody, "serialization")],
-            ref_template="#/components/schemas/{model}",
+            ref_template=template,
         )
         schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions["$defs"])
 
-        def json_of(model: type[BaseModel]) -> dict[str, Any]:
-            return {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
+        def content(model: type[BaseModel], *kinds: str) -> dict[str, Any]:
+            return {kind: {"schema": {"$ref": template.format(model=model.__name__)}} for kind in kinds}
 
-        request = json_of(TranslateRequest)["application/json"]
-        errors = {
-            str(code): {"description": HTTPStatus(code).phrase, "content": json_of(ErrorBody)} for code in ERROR_CODES
+        answers = {"200": {"description": "the translation", "content": content(TranslateResponse, JSON)}}
+        for code in ERROR_CODES:
+            answers[str(code)] = {"description": HTTPStatus(code).phrase, "content": content(ErrorBody, JSON)}
+        operation = {
+            "summary": "Translate text (LibreTranslate-compatible)",
+            "operationId": "translate",
+            "requestBody": {"required": True, "content": content(TranslateRequest, JSON, FORM)},
+            "responses": answers,
         }
-        schema["paths"] = {
-            "/translate": {
-                "post": {
-                    "summary": "Translate text (LibreTranslate-compatible)",
-                    "operationId": "translate",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": request, "application/x-www-form-urlencoded": request},
-                    },
-                    "responses": {"200": {"description": "the translation", "content": json_of(TranslateResponse)}}
-                    | errors,
-                }
-            },
-            **schema.get("paths", {}),
-        }
+        schema["paths"] = {"/translate": {"post": operation}, **schema.get("paths", {})}
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
