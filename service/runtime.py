@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -78,7 +79,7 @@ class Binding:
     full: bool  # log_probs bound too
     width: int  # candidates per row the graph returns, the banned ids among them
     graph: str  # the step graph bound: decoder_step, decoder_step_ragged or decoder_step_single
-    binding: ort.IOBinding
+    binding: StepBinding
     input_ids: np.ndarray  # (B,) bound; each step copies its tokens in
     outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, width)[, log_probs (B, V)], bound
     per_step: tuple[tuple[str, np.ndarray], ...]  # (name, array): the inputs changed in place each step
@@ -196,6 +197,72 @@ def ortvalue(array: np.ndarray) -> ort.OrtValue:
     import onnxruntime as ort  # here, not at the top: see the module docstring
 
     return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+class StepBinding:
+    """A step graph's IO binding, made through the object that ONNX Runtime's own `IOBinding` wraps (its pybind11
+    `SessionIOBinding`): each bind is one call into ONNX Runtime. The wrapper adds checks for WebGPU graph capture
+    and session-scoped values, and looks its device up anew at every OrtValue, to each of the ~30 binds of a step
+    graph (and to each run): a binding of the default model's 28 rows took 95-110 us through it, 57-60 directly. A
+    continuous batch binds anew at nearly every step. Holds every array it binds (the C++ values do not): they
+    live as long as the binding."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        from onnxruntime.capi import _pybind_state  # here, not at the top: see the module docstring
+
+        self._c = _pybind_state
+        self._session = session._sess  # the pybind11 session the public InferenceSession wraps
+        self._binding = _pybind_state.SessionIOBinding(self._session)
+        self._held: list[object] = []
+
+    def host_input(self, name: str, array: np.ndarray) -> None:
+        """A host array the graph only reads, by reference (IOBinding.bind_cpu_input); on CUDA, ONNX Runtime copies
+        it to the GPU here, not at each run."""
+        self._binding.bind_input(name, array)
+        self._held.append(array)
+
+    def host_output(self, name: str, array: np.ndarray) -> None:
+        """A host array the graph writes its output into."""
+        self._binding.bind_ortvalue_output(name, self._value(array))
+
+    def host_in_place(self, name: str, present: str, array: np.ndarray) -> None:
+        """A host array the graph reads as input `name` and writes as output `present`: one value bound as both."""
+        value = self._value(array)
+        self._binding.bind_ortvalue_input(name, value)
+        self._binding.bind_ortvalue_output(present, value)
+
+    def device_input(self, name: str, device: int, array: Any, present: str | None = None) -> None:
+        """A CuPy array in GPU memory, by device pointer; with `present`, also written as that output in place."""
+        where = gpu_device(device)
+        args = (where, array.dtype, list(array.shape), array.data.ptr)
+        self._binding.bind_input(name, *args)
+        if present is not None:
+            self._binding.bind_output(present, *args)
+        self._held.append(array)
+
+    def run(self) -> None:
+        self._session.run_with_iobinding(self._binding, None)
+
+    def _value(self, array: np.ndarray) -> object:
+        value = self._c.OrtValue.ortvalue_from_numpy(array, host_device())  # over the array's memory, no copy
+        self._held.append((value, array))
+        return value
+
+
+@functools.cache
+def host_device() -> object:
+    """ONNX Runtime's (pybind11) CPU device, made once: the public OrtDevice.make resolves vendor aliases each call."""
+    import onnxruntime as ort  # here, not at the top: see the module docstring
+
+    return ort.OrtDevice.make("cpu", 0)._get_c_device()
+
+
+@functools.cache
+def gpu_device(device: int) -> object:
+    """As host_device, for CUDA device `device`."""
+    import onnxruntime as ort  # here, not at the top: see the module docstring
+
+    return ort.OrtDevice.make("cuda", device)._get_c_device()
 
 
 _arena_lock = threading.Lock()
@@ -357,10 +424,10 @@ class OnnxRuntime:
             total[...] = seqlens_k.max() + 1  # () the longest row with this step
         if self._rebind_host_inputs:
             for name, array in bound.per_step:
-                bound.binding.bind_cpu_input(name, array)  # copied to the GPU here, not at the run
+                bound.binding.host_input(name, array)  # copied to the GPU here, not at the run
         if cache.on_gpu:
             cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
-        self.steps[bound.graph].run_with_iobinding(bound.binding)
+        bound.binding.run()
         top_log_probs, top_ids, *rest = (array.copy() for array in bound.outputs)  # the next step rewrites them
         cache.advance()
         kept = min(candidates, self.candidates.most)
@@ -376,8 +443,10 @@ class OnnxRuntime:
     def _ragged_fits(self, cache: DecoderCache) -> bool:
         """Whether the ragged step graph can run this cache's step (one row per sentence, host memory) and pays: at
         most RAGGED_FILL of the (sentences x source axis) positions are real."""
-        one_row_each = cache.rows == cache.sentences  # every sentence has a row, so one each
-        return self.ragged is not None and one_row_each and not cache.on_gpu and cache.src_mask.mean() <= RAGGED_FILL
+        if self.ragged is None or cache.rows != cache.sentences or cache.on_gpu:  # rows == sentences: one row each
+            return False
+        real = np.count_nonzero(cache.src_mask)  # the mask's mean() took ~30 us at 30 x 52, at nearly every step
+        return real <= RAGGED_FILL * cache.src_mask.size
 
     def _bind(self, cache: DecoderCache, full: bool, width: int, graph: str) -> Binding:
         """The step's inputs and outputs bound to the cache's arrays and to output arrays of its rows: valid, and
@@ -387,12 +456,12 @@ class OnnxRuntime:
         `width`: the top-K's candidates per row, the banned ids among them (format 4 is told; format 3's is fixed).
         `graph`: the step graph to bind (see step); the ragged one also takes the cross-attention caches as outputs
         (in place)."""
-        binding = self.steps[graph].io_binding()
+        binding = StepBinding(self.steps[graph])
         ragged = graph == "decoder_step_ragged"
-        # Inputs the graph only reads are bound with bind_cpu_input: by reference, as an OrtValue would be (the
-        # binding holds the array), at 1.7 us where an OrtValue and its binding take 4.7
+        # Inputs the graph only reads are bound by reference (host_input), as an OrtValue would be, at 1.7 us where
+        # an OrtValue and its binding took 4.7
         if self._dec_top_k is not None:
-            binding.bind_cpu_input(self._dec_top_k, np.array([width], np.int64))  # (1,)
+            binding.host_input(self._dec_top_k, np.array([width], np.int64))  # (1,)
         input_ids = np.zeros(cache.rows, np.int64)  # (B,) each step's tokens, copied in
         host_inputs = (
             ("input_ids", input_ids),  # (B,)
@@ -406,15 +475,15 @@ class OnnxRuntime:
         if self._dec_lengths is not None:
             lengths = (np.zeros(cache.rows, np.int32), np.zeros((), np.int32))  # (B,), (): set by each step
             for name, array in zip(self._dec_lengths, lengths, strict=True):
-                binding.bind_cpu_input(name, array)
+                binding.host_input(name, array)
                 per_step.append((name, array))
         for role, array in host_inputs:
             if not array.flags.c_contiguous:  # bound by reference: a contiguous copy would not see later updates
                 raise ValueError(f"{role} must be a contiguous array")
-            binding.bind_cpu_input(self._dec_one[role], array)
+            binding.host_input(self._dec_one[role], array)
         outputs = self._outputs(cache.rows, full, width)  # (B, width) twice [, (B, V)]: the graph writes them
         for name, array in outputs.items():
-            binding.bind_ortvalue_output(name, ortvalue(array))  # host memory; no OrtValues to fetch afterwards
+            binding.host_output(name, array)  # host memory; no OrtValues to fetch afterwards
         if cache.on_gpu:
             bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
         else:
@@ -431,7 +500,7 @@ class OnnxRuntime:
 
 
 def bind_host_cache(
-    binding: ort.IOBinding, inputs: dict, presents: dict, cache: DecoderCache, cross_presents: dict
+    binding: StepBinding, inputs: dict, presents: dict, cache: DecoderCache, cross_presents: dict
 ) -> None:
     """The cache's numpy buffers as the step's inputs, and each self-attention buffer also as its present output:
     the graph writes each row's new key and value into it, in place. `cross_presents` (the ragged step graph's):
@@ -440,29 +509,23 @@ def bind_host_cache(
         outputs = cross_presents.get(role, [None] * len(layers))
         for name, present, layer in zip(inputs[f"cross_{role}"], outputs, layers, strict=True):
             if present is None:
-                binding.bind_cpu_input(name, layer)  # (N, H, S, Dh) a contiguous view, not copied
-                continue
-            buffer = ortvalue(layer)  # (N, H, S, Dh): read, and its last source position rewritten as it was
-            binding.bind_ortvalue_input(name, buffer)
-            binding.bind_ortvalue_output(present, buffer)
+                binding.host_input(name, layer)  # (N, H, S, Dh) a contiguous view, not copied
+            else:  # (N, H, S, Dh): read, and its last source position rewritten as it was
+                binding.host_in_place(name, present, layer)
     for role, layers in (("key", cache.self_keys), ("value", cache.self_values)):
         for past, present, layer in zip(inputs[f"self_{role}"], presents[role], layers, strict=True):
-            buffer = ortvalue(layer)  # (B, H, T, Dh) the cache's memory: read, and written at each row's slot
-            binding.bind_ortvalue_input(past, buffer)
-            binding.bind_ortvalue_output(present, buffer)
+            binding.host_in_place(past, present, layer)  # (B, H, T, Dh): read, and written at each row's slot
 
 
-def bind_gpu_cache(binding: ort.IOBinding, inputs: dict, presents: dict, cache: DecoderCache) -> None:
+def bind_gpu_cache(binding: StepBinding, inputs: dict, presents: dict, cache: DecoderCache) -> None:
     """As bind_host_cache, for CuPy buffers in GPU memory: bound by device pointer, never copied to the host."""
     device = cache.xp.cuda.Device().id
     for role, layers in (("cross_key", cache.cross_keys), ("cross_value", cache.cross_values)):
-        for name, layer in zip(inputs[role], layers, strict=True):  # (N, H, S, Dh) contiguous
-            binding.bind_input(name, "cuda", device, layer.dtype, list(layer.shape), layer.data.ptr)
+        for name, layer in zip(inputs[role], layers, strict=True):
+            binding.device_input(name, device, layer)  # (N, H, S, Dh) contiguous
     for role, layers in (("key", cache.self_keys), ("value", cache.self_values)):
         for past, present, layer in zip(inputs[f"self_{role}"], presents[role], layers, strict=True):
-            shape = list(layer.shape)  # (B, H, T, Dh): read, and written at each row's slot
-            binding.bind_input(past, "cuda", device, layer.dtype, shape, layer.data.ptr)
-            binding.bind_output(present, "cuda", device, layer.dtype, shape, layer.data.ptr)
+            binding.device_input(past, device, layer, present)  # (B, H, T, Dh): read, and written at each row's slot
 
 
 def drop_banned(top_log_probs: np.ndarray, top_ids: np.ndarray, is_banned: np.ndarray, k: int) -> tuple:

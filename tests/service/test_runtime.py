@@ -22,6 +22,7 @@ from service.model_folder import MANIFEST, load_model_folder, sha256_of
 from service.runtime import (
     OnnxRuntime,
     SessionSettings,
+    StepBinding,
     gpu_array_module,
     usable_providers,
 )
@@ -544,8 +545,8 @@ def test_steps_are_right_where_host_inputs_are_copied_when_bound(
     sources = [[int(t) for t in rng.integers(4, 90, size=int(rng.integers(2, 12)))] + [eos] for _ in range(8)]
     options = [SearchOptions(beam_size=3 if i % 3 == 0 else 1, max_new_tokens=12) for i in range(len(sources))]
     expected = _scheduled(OnnxRuntime(folder, variant), rules, sources, options)
-    bind = ort.IOBinding.bind_cpu_input
-    monkeypatch.setattr(ort.IOBinding, "bind_cpu_input", lambda self, name, array: bind(self, name, np.array(array)))
+    bind = StepBinding.host_input
+    monkeypatch.setattr(StepBinding, "host_input", lambda self, name, array: bind(self, name, np.array(array)))
     copied = OnnxRuntime(folder, variant)
     stale = OnnxRuntime(folder, variant)
     copied._rebind_host_inputs = True  # what a CUDA session sets (OnnxRuntime.__init__)
