@@ -45,12 +45,21 @@ def _live(name: str, count: str) -> property:
 
 class DecoderCache:
     def __init__(
-        self, n_layers: int, n_heads: int, head_dim: int, dtype: str = "float32", xp: ArrayModule = np
+        self,
+        n_layers: int,
+        n_heads: int,
+        head_dim: int,
+        dtype: str = "float32",
+        xp: ArrayModule = np,
+        bound_copies: bool = False,
     ) -> None:
         """`dtype`: the graphs' cache dtype (float16 for the fp16 variant); `xp`: the module the four buffers live
         in, numpy (host memory) or CuPy (GPU memory, for a step graph that runs on CUDA). The small per-row index
-        arrays are numpy either way: the runtime binds them as host inputs."""
+        arrays are numpy either way: the runtime binds them as host inputs. `bound_copies`: a runtime's binding
+        holds copies of the host arrays, made when they were bound (ONNX Runtime on CUDA), so that an array changed
+        in place (a newcomer written into a finished row's place) drops it too."""
         self.n_layers, self.n_heads, self.head_dim, self.xp = n_layers, n_heads, head_dim, xp
+        self.bound_copies = bound_copies
         self._store = {  # per layer (R, H, T, Dh) for rows, (R', H, S, Dh) for sentences; past the live ones: free
             name: [
                 xp.zeros((0, n_heads, MIN_CAPACITY if name.startswith("self") else 1, head_dim), dtype)
@@ -62,6 +71,8 @@ class DecoderCache:
         self.sentence = np.zeros(0, np.int64)  # (B,) each row's sentence: its index in the cross buffers
         self.src_mask = np.zeros((0, 1), np.bool_)  # (N, S) per sentence
         self._groups: tuple[np.ndarray, np.ndarray] | None = None  # sentence_rows, row_slots of these rows
+        self._in_order = True  # row i is sentence i's one row (greedy rows; any search's first step): see refill
+        self._vacant = np.zeros(0, np.int64)  # places refill left for joining sentences, which `add` fills first
         self.bound: Any = None  # a runtime's binding of the arrays a step is given (service/runtime.py); see _changed
 
     @property
@@ -101,19 +112,63 @@ class DecoderCache:
             self._groups = group_rows(self.sentence, self.sentences)
         return self._groups
 
-    def add(self, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray) -> None:
+    def add(self, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray) -> np.ndarray:
         """New sentences with one row each and no steps yet: cross_keys and cross_values (L, b, H, S', Dh),
-        src_mask (b, S')."""
+        src_mask (b, S'). They take the places `refill` left for them first, then join at the end. Returns the
+        rows they took (b,). Into left places, and no wider than the live sources, they are written in place: the
+        arrays a step is given stay the same (lengths and src_mask changed in place), and so does its binding."""
         b, width, first = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1]), self.sentences
-        self._changed()
-        self._reserve(self.rows + b, first + b, width)
+        places, self._vacant = self._vacant[:b], self._vacant[b:]  # (v,) left for them, (the rest) for later ones
+        appended = b - places.size
+        if appended or width > self.src_mask.shape[1] or self.bound_copies:
+            self._changed()
+            self._reserve(self.rows + appended, first + appended, width)
+        rows = np.concatenate([places, np.arange(first, first + appended)])  # (b,)
         for name, new in (("cross_keys", cross_keys), ("cross_values", cross_values)):
             for layer, new_layer in zip(self._store[name], self.xp.asarray(new), strict=True):  # (R', H, S, Dh)
-                layer[first : first + b, :, : new_layer.shape[TIME_AXIS]] = new_layer  # (b, H, S', Dh); rest masked
-        self.src_mask = np.concatenate([widen_mask(self.src_mask, width), widen_mask(src_mask, width)], axis=0)
-        self.lengths = np.concatenate([self.lengths, np.zeros(b, np.int64)])
-        self.sentence = np.concatenate([self.sentence, np.arange(first, first + b)])
-        self._groups = None
+                if not places.size:  # rows at the end: one contiguous block
+                    layer[first : first + b, :, : new_layer.shape[TIME_AXIS]] = new_layer  # (b, H, S', Dh)
+                else:
+                    layer[self.xp.asarray(rows), :, : new_layer.shape[TIME_AXIS]] = new_layer  # (b, H, S', Dh)
+        mask = widen_mask(src_mask, width)  # (b, S); the rest of each source's positions masked
+        self.src_mask = widen_mask(self.src_mask, width)  # (N, S) itself when no wider
+        self.src_mask[places] = mask[: places.size]
+        self.lengths[places] = 0
+        if appended:
+            self.src_mask = np.concatenate([self.src_mask, mask[places.size :]], axis=0)  # (N + a, S)
+            self.lengths = np.concatenate([self.lengths, np.zeros(appended, np.int64)])  # (B + a,)
+            self.sentence = np.concatenate([self.sentence, np.arange(first, first + appended)])  # (B + a,)
+            self._groups = None
+        if places.size and not self._vacant.size:
+            self._shrink()  # what refill left until its places were filled
+        return rows
+
+    def refill(self, rows: np.ndarray, room: int) -> np.ndarray:
+        """`select` for rows that are each their own sentence, in order (greedy rows: `in_order`), keeping the
+        distinct rows `rows` and leaving `room` places for sentences about to join, which `add` fills: finished
+        rows' places first, so that a newcomer takes a finished row's place where otherwise a row from the end
+        would have moved there (its steps and its source copied). When as many join as finished, nothing moves
+        and the arrays a step is given stay the same: the next step keeps its binding. Returns each place's row
+        before (-1: left for a newcomer). Every place must be filled before the next step (make_room checks)."""
+        if not self._in_order or self._vacant.size:
+            raise ValueError("refill needs rows that are each their own sentence, in order, and no places left open")
+        count = len(rows) + room
+        alive = np.zeros(max(self.rows, count), np.bool_)  # (max(B, B'),)
+        alive[rows] = True
+        if np.count_nonzero(alive) != len(rows):
+            raise ValueError("refill keeps each row at most once")
+        dead = np.flatnonzero(~alive[:count])  # places below the new count that no kept row holds
+        tail = np.flatnonzero(alive[count:]) + count  # kept rows past it: they move into the first such places
+        layout = np.arange(count)  # (B',)
+        layout[dead[: tail.size]] = tail
+        layout[dead[tail.size :]] = -1
+        self._relayout(layout)
+        return layout
+
+    @property
+    def in_order(self) -> bool:
+        """Row i is sentence i's one row (greedy rows; a search's first step), and no place is left open."""
+        return self._in_order and not self._vacant.size
 
     def select(self, rows: np.ndarray | None) -> None:
         """Keep, repeat or reorder rows (beams following their parents, finished rows leaving), in place. A row
@@ -126,6 +181,11 @@ class DecoderCache:
         if n == self.rows and not moved.size:
             return  # every row keeps its own state (greedy rows, none finished): nothing moves, the groups hold
         parents = rows[moved]  # (m,)
+        if self._vacant.size:
+            raise RuntimeError("a selection before the places left for joining sentences were filled")
+        if self._in_order and n <= self.rows and (parents >= n).all() and len(set(parents.tolist())) == moved.size:
+            self._relayout(rows)  # finished rows' places taken by distinct rows from past the new end
+            return
         if n > self.rows:
             self._reserve(n, self.sentences, self.src_mask.shape[1])
         filled = int(self.lengths[parents].max(initial=0))  # the most slots a copied row has written
@@ -139,7 +199,56 @@ class DecoderCache:
         self.lengths, self.sentence = lengths, sentence
         self._drop_sentences()
         self._groups = None
+        self._in_order = self.rows == self.sentences  # one row each ...
+        if self._in_order:
+            self._put_in_order()  # ... and row i sentence i's
         self._shrink()
+
+    def _put_in_order(self) -> None:
+        """Rows that are each their own sentence but not in order (the last beams left): each source moves to its
+        row's place, once, so that the greedy paths (refill, _relayout) apply from here on."""
+        moved = np.flatnonzero(self.sentence != np.arange(self.rows))  # (m,) rows whose sentence is elsewhere
+        if not moved.size:
+            return
+        parents = self.sentence[moved]  # (m,) where their sources are: a permutation of the same places
+        for name in ("cross_keys", "cross_values"):
+            self._copy_rows(name, moved, parents, self.src_mask.shape[1])  # reads every parent before writing
+        self.src_mask = self.src_mask[self.sentence]  # (N, S) row i's
+        self.sentence = np.arange(self.rows)  # (B,)
+
+    def _relayout(self, layout: np.ndarray) -> None:
+        """Rows that are each their own sentence, in order, and stay so, to `layout`: each place's row before, or
+        -1 for a place left open for a joining sentence (`add`). A moved row's sentence (its source and mask) moves
+        with it, to the same place. What a continuous batch of greedy rows does at nearly every step, in a third of
+        the general path's array operations: no sentence map to gather, rename or search for sentences no row
+        attends to. At the same row count the arrays a step is given change in place: its binding holds."""
+        count, before = len(layout), self.rows
+        moved = np.flatnonzero(layout != np.arange(count))  # (m,) places that take another row, or are left open
+        vacant, moved = moved[layout[moved] < 0], moved[layout[moved] >= 0]
+        parents = layout[moved]  # (m',) each from past the new count
+        if count != before or self.bound_copies:
+            self._changed()
+        if count > before:
+            self._reserve(count, count, self.src_mask.shape[1])
+        filled = int(self.lengths[parents].max(initial=0))  # the most slots a copied row has written
+        for name in ("self_keys", "self_values"):
+            self._copy_rows(name, moved, parents, filled)
+        used = np.flatnonzero(self.src_mask[parents].any(axis=0))  # (S',) source positions the movers have
+        for name in ("cross_keys", "cross_values"):
+            self._copy_rows(name, moved, parents, int(used[-1]) + 1 if used.size else 0)
+        if count == before:  # no row moved (none is past the count): open places only, in place
+            self.lengths[vacant] = 0
+        else:
+            kept = np.flatnonzero(layout >= 0)  # (k,)
+            lengths = np.zeros(count, np.int64)  # (B',) open places: no steps
+            lengths[kept] = self.lengths[layout[kept]]
+            src_mask = np.zeros((count, self.src_mask.shape[1]), np.bool_)  # (N', S) open places: set by add
+            src_mask[kept] = self.src_mask[layout[kept]]
+            self.lengths, self.src_mask, self.sentence = lengths, src_mask, np.arange(count)
+            self._groups = None
+        self._vacant = vacant
+        if not vacant.size:
+            self._shrink()  # else once add has filled them
 
     def _drop_sentences(self) -> None:
         """Sentences that no row attends to leave; the last live ones move into their places (one copy of each
@@ -185,6 +294,8 @@ class DecoderCache:
 
     def make_room(self) -> None:
         """A free slot for every row's next step: the step graph writes it at slot `lengths[row]`."""
+        if self._vacant.size:  # an open place's all-False mask would give its row NaNs, which int8's scales spread
+            raise RuntimeError(f"{self._vacant.size} places left for joining sentences were not filled")
         if self.rows and self.lengths.max() >= self.capacity:
             self._resize_time(("self_keys", "self_values"), fitted_capacity(int(self.lengths.max()) + 1))
 

@@ -72,7 +72,7 @@ class Metrics:
         )
         self.step_duration = Histogram(
             "mt_decoder_step_duration_seconds",
-            "Duration of one decoder step (graph run and search).",
+            "Duration of one decoder step (graph run, search, rows leaving and joining after it).",
             ["model"],
             buckets=STEP_BUCKETS,
             registry=r,

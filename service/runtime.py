@@ -390,7 +390,8 @@ class OnnxRuntime:
         self.gpu = gpu_array_module(self.providers, self.cache_dtype, self._dec_lengths is not None, folder.path)
 
     def new_cache(self) -> DecoderCache:
-        return DecoderCache(self.n_layers, self.n_heads, self.head_dim, self.cache_dtype, self.gpu or np)
+        xp = self.gpu or np
+        return DecoderCache(self.n_layers, self.n_heads, self.head_dim, self.cache_dtype, xp, self._rebind_host_inputs)
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
         outputs = self.encoder.run(self._enc_out, dict(zip(self._enc_in, (src_ids, src_mask), strict=True)))

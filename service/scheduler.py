@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.decoding import Hypothesis, Search, SearchOptions, new_search
-from service.engine import TokenRules, advance_all, candidates_needed, decode_batch, last_tokens, pad_batch
+from service.engine import (
+    TokenRules,
+    advance_all,
+    candidates_needed,
+    decode_batch,
+    greedy_rows,
+    last_tokens,
+    pad_batch,
+)
 from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
 from service.metrics import Metrics
 from service.placement import Cores, pin_thread
@@ -404,24 +412,33 @@ class Scheduler:
 
     def _join(self, wait: bool) -> None:
         """Sentences whose encoder pass is done join the batch (with `wait`, every pass in flight first ends)."""
-        pending = []
+        for encoding, memory in self._encoded(wait):
+            self.cache.add(memory.keys, memory.values, encoding.src_mask)
+            self.active += self._joined(encoding)
+
+    def _encoded(self, wait: bool) -> list[tuple[Encoding, Memory]]:
+        """The encoder passes that are done (with `wait`, all of them, once done), taken out of `encoding`; a
+        bucket whose pass failed is failed here."""
+        done, pending = [], []
         for encoding in self.encoding:
             if not (wait or encoding.memory.done()):
                 pending.append(encoding)
                 continue
             try:
-                memory = encoding.memory.result()
+                done.append((encoding, encoding.memory.result()))
             except Exception as error:  # noqa: BLE001 - any graph failure fails only this bucket
                 self._fail(encoding.jobs, error)
-                continue
-            self.cache.add(memory.keys, memory.values, encoding.src_mask)
-            now = self.clock()
-            for job in encoding.jobs:
-                job.joined_at = now
-                self.metrics.join_wait.labels(self.model).observe(now - job.admitted_at)
-            start, eos = self.rules.decoder_start_id, self.rules.eos_id
-            self.active += [Running(job, new_search(start, eos, job.options)) for job in encoding.jobs]
         self.encoding = pending
+        return done
+
+    def _joined(self, encoding: Encoding) -> list[Running]:
+        """An encoder pass's sentences as they join the batch (the cache has their sources)."""
+        now = self.clock()
+        for job in encoding.jobs:
+            job.joined_at = now
+            self.metrics.join_wait.labels(self.model).observe(now - job.admitted_at)
+        start, eos = self.rules.decoder_start_id, self.rules.eos_id
+        return [Running(job, new_search(start, eos, job.options)) for job in encoding.jobs]
 
     def _buckets(self, jobs: list[SentenceJob]) -> list[list[SentenceJob]]:
         """Group newcomers of similar length so that an encoder pass pads little."""
@@ -438,6 +455,7 @@ class Scheduler:
     def _step(self) -> None:
         started = time.perf_counter()
         searches = [r.search for r in self.active]
+        greedy = greedy_rows(searches)  # row i search i's (before the step: a search that finishes is done)
         input_ids = last_tokens(searches)  # (B,)
         try:
             out = self.runtime.step(input_ids, self.cache, candidates=candidates_needed(searches))
@@ -447,13 +465,30 @@ class Scheduler:
             self.cache = self.runtime.new_cache()
             return
         order, rows = advance_all(searches, out.top_log_probs, out.top_ids)
-        self.cache.select(rows)
         for running in self.active:
             if running.search.done:
                 self._deliver(running)
-        self.active = [self.active[i] for i in order]
+        if rows is not None and greedy and self.cache.in_order and not self.limits.static:
+            self._refill(rows)  # greedy rows, some finished: newcomers take their places
+        else:
+            self.cache.select(rows)
+            self.active = [self.active[i] for i in order]
         self.metrics.step_rows.labels(self.model).observe(len(input_ids))
         self.metrics.step_duration.labels(self.model).observe(time.perf_counter() - started)
+
+    def _refill(self, rows: np.ndarray) -> None:
+        """After a step of greedy rows (row i search i's) of which some finished: the sentences whose encoder pass
+        is done join now, into the finished rows' places (DecoderCache.refill), where otherwise the last rows
+        would have moved there and the newcomers joined at the end before the next step. When as many join as
+        finished, no row moves and the step's binding holds."""
+        encoded = self._encoded(wait=False)
+        layout = self.cache.refill(rows, sum(len(encoding.jobs) for encoding, _ in encoded))
+        active: list[Running | None] = [self.active[row] if row >= 0 else None for row in layout.tolist()]
+        for encoding, memory in encoded:
+            places = self.cache.add(memory.keys, memory.values, encoding.src_mask)  # (b,) the places it left
+            for place, running in zip(places.tolist(), self._joined(encoding), strict=True):
+                active[place] = running
+        self.active = active  # type: ignore[assignment] - every place filled: add took them all
 
     def _deliver(self, running: Running) -> None:
         results = running.search.results()

@@ -333,3 +333,165 @@ def test_reorders_of_any_pattern_equal_a_gather_of_the_rows(seed: int) -> None:
         expected = stacked(cache.self_keys)[:, rows, :, :3]  # (L, B', H, 3, Dh) the parents' written slots
         cache.select(rows)
         assert np.array_equal(stacked(cache.self_keys)[:, :, :, :3], expected)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_rows_compact_as_the_general_path_does(seed: int) -> None:
+    """Rows that are each their own sentence, in order (greedy rows), compact through `_compact` when finished
+    ones' places are taken by rows from past the new end; the same joins, steps and selections through the general
+    path (the cache told its rows are not in order) leave the same rows, sources, masks and groups."""
+    rng = np.random.default_rng(seed)
+    fast, general = DecoderCache(n_layers=2, n_heads=3, head_dim=4), DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    compacted = 0
+    for _ in range(40):
+        if fast.rows < 12:
+            b, width = int(rng.integers(1, 4)), int(rng.integers(1, 9))
+            keys = rng.standard_normal((2, b, 3, width, 4)).astype(np.float32)  # (L, b, H, S', Dh)
+            mask = np.arange(width) < rng.integers(1, width + 1, (b, 1))  # (b, S') right-padded
+            for cache in (fast, general):
+                cache.add(keys, -keys, mask)
+        new = rng.standard_normal((2, fast.rows, 3, 4)).astype(np.float32)  # (L, B, H, Dh)
+        for cache in (fast, general):
+            append(cache, new, -new)
+        done = rng.random(fast.rows) < 0.25  # (B,) the rows that finished at this step
+        live = np.flatnonzero(~done)
+        rows = np.arange(live.size)  # what advance_greedy hands the cache: the last live rows fill finished ones
+        rows[np.flatnonzero(done[: live.size])] = live[live >= live.size]
+        general._in_order = False
+        compacted += fast._in_order
+        for cache in (fast, general):
+            cache.select(rows)
+        assert fast._in_order
+        for name in ("lengths", "sentence", "src_mask", "sentence_rows", "row_slots"):
+            assert np.array_equal(getattr(fast, name), getattr(general, name)), name
+        for row, length in enumerate(fast.lengths):
+            assert np.array_equal(
+                stacked(fast.self_keys)[:, row, :, :length], stacked(general.self_keys)[:, row, :, :length]
+            )
+        for sentence, used in enumerate(fast.src_mask.sum(axis=1)):
+            for name in ("cross_keys", "cross_values"):
+                assert np.array_equal(
+                    stacked(getattr(fast, name))[:, sentence, :, :used],
+                    stacked(getattr(general, name))[:, sentence, :, :used],
+                )
+    assert compacted == 40
+
+
+def greedy_cache(rows: int, src_len: int = 3, bound_copies: bool = False) -> DecoderCache:
+    """`rows` greedy rows (each its own sentence, in order), sentence i's source filled with i + 1, one step each."""
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4, bound_copies=bound_copies)
+    for i in range(rows):
+        cache.add(*memory(1, src_len, float(i + 1)))
+    append(cache, step(rows, 1.0), step(rows, 1.0))
+    return cache
+
+
+def test_newcomers_take_finished_rows_places_and_the_binding_holds_when_as_many_join() -> None:
+    cache = greedy_cache(4)
+    cache.bound, lengths, src_mask = "binding", cache.lengths, cache.src_mask
+    layout = cache.refill(np.array([0, 2, 3]), room=1)  # row 1 finished; one newcomer is ready
+    assert layout.tolist() == [0, -1, 2, 3] and not cache.in_order  # a place left open until add fills it
+    with pytest.raises(RuntimeError, match="not filled"):
+        cache.make_room()  # a step now would run a row without a source
+    rows = cache.add(*memory(1, 2, 9.0))
+    assert rows.tolist() == [1] and cache.in_order
+    assert cache.bound == "binding" and cache.lengths is lengths and cache.src_mask is src_mask  # all in place
+    assert cache.lengths.tolist() == [1, 0, 1, 1] and cache.src_mask.sum(axis=1).tolist() == [3, 2, 3, 3]
+    assert stacked(cache.cross_keys)[0, :, 0, 0, 0].tolist() == [1.0, 9.0, 3.0, 4.0]  # no other source moved
+    assert cache.sentence.tolist() == [0, 1, 2, 3] and cache.sentence_rows.ravel().tolist() == [0, 1, 2, 3]
+
+
+def test_refill_moves_rows_from_the_end_only_into_places_no_newcomer_takes() -> None:
+    cache = greedy_cache(6)
+    layout = cache.refill(np.array([0, 2, 4, 5]), room=1)  # rows 1 and 3 finished, one newcomer: 4 + 1 rows
+    assert layout.tolist() == [0, 5, 2, -1, 4]  # row 5 (past the new end) takes row 1's place, the newcomer row 3's
+    cache.add(*memory(1, 2, 9.0))
+    assert stacked(cache.cross_keys)[0, :, 0, 0, 0].tolist() == [1.0, 6.0, 3.0, 9.0, 5.0]
+    assert cache.lengths.tolist() == [1, 1, 1, 0, 1] and cache.src_mask.sum(axis=1).tolist() == [3, 3, 3, 2, 3]
+    layout = cache.refill(np.array([0, 1, 2, 3, 4]), room=3)  # none finished, three join: at the end
+    assert layout.tolist() == [0, 1, 2, 3, 4, -1, -1, -1]
+    assert cache.add(*memory(2, 3, 7.0)).tolist() == [5, 6] and cache.add(*memory(1, 4, 8.0)).tolist() == [7]
+    assert cache.in_order and cache.rows == cache.sentences == 8 and cache.lengths.tolist() == [1, 1, 1, 0, 1, 0, 0, 0]
+    assert stacked(cache.cross_keys)[0, 5:, 0, 0, 0].tolist() == [7.0, 7.0, 8.0]
+
+
+def test_a_wider_newcomer_or_a_binding_of_copies_is_bound_anew() -> None:
+    for bound_copies, src_len in ((False, 6), (True, 2)):
+        cache = greedy_cache(3, bound_copies=bound_copies)
+        cache.bound = "binding"
+        cache.refill(np.array([0, 2]), room=1)
+        cache.add(*memory(1, src_len, 9.0))
+        assert cache.bound is None  # wider: a new mask; copies (CUDA): the binding holds the old mask and source
+        assert cache.src_mask.shape[1] == max(3, src_len) and cache.src_mask[1].sum() == src_len
+
+
+def test_refill_refuses_what_is_not_one_row_each_in_order() -> None:
+    cache = greedy_cache(3)
+    with pytest.raises(ValueError, match="at most once"):
+        cache.refill(np.array([0, 0, 1]), room=0)  # a beam's first step repeats its row
+    cache.refill(np.array([0, 1]), room=1)
+    with pytest.raises(ValueError, match="in order"):
+        cache.refill(np.array([0, 1, 2]), room=0)  # the open place is not filled yet
+    with pytest.raises(RuntimeError, match="before the places"):
+        cache.select(np.array([1, 0, 2]))
+
+
+def test_rows_left_one_each_by_beams_are_put_back_in_order() -> None:
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    for fill in (1.0, 2.0, 3.0):
+        cache.add(*memory(1, 2 + int(fill), fill))
+    cache.select(np.array([0, 0, 1, 2]))  # sentence 0 branches into two beams: not in order
+    assert not cache.in_order
+    cache.select(np.array([3, 2]))  # its beams leave; the last two rows swap places
+    assert cache.in_order and cache.sentence.tolist() == [0, 1]
+    assert stacked(cache.cross_keys)[0, :, 0, 0, 0].tolist() == [3.0, 2.0]  # each row's own source at its place
+    assert cache.src_mask.sum(axis=1).tolist() == [5, 4]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_refilling_greedy_rows_keeps_every_sentence_as_selecting_then_joining_does(seed: int) -> None:
+    """Steps of greedy rows where some finish and newcomers join: through refill (newcomers into finished rows'
+    places) and through select then add (the last rows into those places, newcomers at the end), every live
+    sentence ends up with the same steps, source and mask, at whichever row."""
+    rng = np.random.default_rng(seed)
+    caches = {"refill": DecoderCache(2, 3, 4), "select": DecoderCache(2, 3, 4)}
+    tags = {name: [] for name in caches}  # per cache, each row's sentence (its source's fill)
+    ids = iter(range(1, 10_000))
+    for _ in range(30):
+        new = rng.standard_normal((2, caches["refill"].rows, 3, 4)).astype(np.float32)  # (L, B, H, Dh)
+        for name, cache in caches.items():  # the same step for the same sentence, wherever its row is
+            order = np.argsort(np.argsort(tags[name])) if tags[name] else np.zeros(0, np.int64)
+            append(cache, new[:, order], -new[:, order])
+        done = {tag for tag in tags["refill"] if rng.random() < 0.3}
+        joining = [(next(ids), int(rng.integers(1, 8))) for _ in range(int(rng.integers(0, 4)))]
+        for name, cache in caches.items():
+            rows = np.array([i for i, tag in enumerate(tags[name]) if tag not in done], np.int64)
+            if name == "refill":
+                layout = cache.refill(rows, room=len(joining)) if cache.rows else np.full(len(joining), -1)
+                if not cache.rows:
+                    tags[name] = []
+                else:
+                    tags[name] = [tags[name][row] if row >= 0 else None for row in layout.tolist()]
+            else:
+                cache.select(rows)
+                tags[name] = [tags[name][row] for row in rows.tolist()]
+            for tag, width in joining:
+                keys = np.full((2, 1, 3, width, 4), float(tag), np.float32)
+                places = cache.add(keys, -keys, np.ones((1, width), np.bool_))
+                for place in places.tolist():
+                    if place < len(tags[name]):
+                        tags[name][place] = tag
+                    else:
+                        tags[name].append(tag)
+        assert sorted(tags["refill"]) == sorted(tags["select"]) and caches["refill"].in_order
+        where = {name: {tag: row for row, tag in enumerate(tags[name])} for name in caches}
+        for tag in tags["refill"]:
+            a, b = (where[name][tag] for name in ("refill", "select"))
+            one, other = caches["refill"], caches["select"]
+            assert one.lengths[a] == other.lengths[b]  # the source axes may differ in width (shrunk at other steps)
+            assert np.flatnonzero(one.src_mask[a]).tolist() == np.flatnonzero(other.src_mask[b]).tolist()
+            length, width = int(one.lengths[a]), int(one.src_mask[a].sum())
+            assert np.array_equal(stacked(one.self_keys)[:, a, :, :length], stacked(other.self_keys)[:, b, :, :length])
+            assert np.array_equal(
+                stacked(one.cross_values)[:, a, :, :width], stacked(other.cross_values)[:, b, :, :width]
+            )

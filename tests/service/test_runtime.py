@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
 from service.errors import ModelFolderError
-from service.kv_cache import MIN_CAPACITY
+from service.kv_cache import MIN_CAPACITY, DecoderCache
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, load_model_folder, sha256_of
 from service.runtime import (
@@ -552,3 +552,69 @@ def test_steps_are_right_where_host_inputs_are_copied_when_bound(
     copied._rebind_host_inputs = True  # what a CUDA session sets (OnnxRuntime.__init__)
     assert _scheduled(copied, rules, sources, options) == expected
     assert _scheduled(stale, rules, sources, options) != expected
+
+
+class PatientRuntime(OnnxRuntime):
+    """The runtime, its steps lasting until every encoder pass in flight is done (as a step of many rows outlasts a
+    pass of a few): newcomers are ready when a step's finished rows leave, and take their places."""
+
+    scheduler: object
+
+    def step(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - OnnxRuntime.step's
+        out = super().step(*args, **kwargs)
+        for encoding in list(self.scheduler.encoding):
+            encoding.memory.result(timeout=30)
+        return out
+
+
+def _refilled(folder, variant: str, sources: list[list[int]], copies: bool) -> tuple[list[object], int, int]:
+    """Greedy sentences joining a running continuous batch (overlapped encoder passes) while others finish: each
+    one's best tokens, the steps, and the bindings made."""
+    from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+
+    ids = folder.manifest.special_ids
+    runtime = PatientRuntime(folder, variant)
+    runtime._rebind_host_inputs = copies  # what a CUDA session sets (OnnxRuntime.__init__)
+    bindings, bind = [], runtime._bind
+    runtime._bind = lambda *args: bindings.append(1) or bind(*args)
+    limits = BatchLimits(overlap_encoder=True)
+    scheduler = runtime.scheduler = Scheduler(
+        runtime, TokenRules(ids.decoder_start, ids.eos, ids.pad), limits, Metrics(), "t"
+    )
+    tickets = []
+    for i, source in enumerate(sources):
+        tickets.append(Ticket(1, 1e18, lambda ticket: None))
+        scheduler.submit([SentenceJob(source, SearchOptions(max_new_tokens=10), tickets[-1], 0)])
+        if i % 3:
+            scheduler.run_once()
+    while not scheduler.idle:
+        scheduler.run_once()
+    steps = int(scheduler.metrics.registry.get_sample_value("mt_decoder_step_rows_count", {"model": "t"}))
+    scheduler.stop(0.0)
+    assert all(ticket.error is None for ticket in tickets)
+    return [ticket.results[0][0].tokens for ticket in tickets], steps, len(bindings)
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_newcomers_in_finished_rows_places_keep_the_binding_and_every_result(
+    quantized: Path, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy newcomers that take finished rows' places (DecoderCache.refill) give every sentence the tokens it
+    gets when the last rows move into those places and newcomers join at the end (the same rows at every step, in
+    another order), with fewer bindings: a step after as many joined as finished keeps its binding. Where host
+    inputs are copied when bound (CUDA, simulated here), the cache binds anew instead, and the results hold."""
+    folder = load_model_folder(quantized)
+    rng = np.random.default_rng(11)
+    eos = folder.manifest.special_ids.eos
+    sources = [[int(t) for t in rng.integers(4, 90, size=int(rng.integers(2, 12)))] + [eos] for _ in range(24)]
+    refilled, steps, bindings = _refilled(folder, variant, sources, copies=False)
+    with monkeypatch.context() as patch:
+        bind = StepBinding.host_input
+        patch.setattr(StepBinding, "host_input", lambda self, name, array: bind(self, name, np.array(array)))
+        copied, _, copied_bindings = _refilled(folder, variant, sources, copies=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(DecoderCache, "refill", lambda *args: pytest.fail("refill when not in order"))
+        patch.setattr(DecoderCache, "in_order", property(lambda cache: False))  # select, then add at the end
+        selected, _, selected_bindings = _refilled(folder, variant, sources, copies=False)
+    assert refilled == copied == selected
+    assert bindings < selected_bindings <= copied_bindings <= steps

@@ -12,6 +12,7 @@ import pytest
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch, place
 from service.errors import DeadlineExceeded, InferenceError, Overloaded
+from service.kv_cache import DecoderCache
 from service.metrics import Metrics
 from service.runtime import Memory
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
@@ -258,6 +259,45 @@ def test_decoder_steps_go_on_while_newcomers_are_encoded_on_their_own_thread() -
         assert ticket.error is None and ticket.results == [alone(s, options) for s in sources(1, seed=seed)]
     assert runtime.encoder_threads and all(name.startswith("encoder-fake") for name in runtime.encoder_threads)
     assert stage_seconds(scheduler, "mt_join_wait_seconds")[0] == 3  # observed on the passes' thread's side too
+
+
+class PatientRuntime(FakeRuntime):
+    """A fake whose steps last until every encoder pass in flight is done, as a step of many rows outlasts a pass
+    of a few: the newcomers are ready when a step's finished rows leave."""
+
+    scheduler: Scheduler
+
+    def step(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - FakeRuntime.step's
+        out = super().step(*args, **kwargs)
+        for encoding in list(self.scheduler.encoding):
+            encoding.memory.result(timeout=10)
+        return out
+
+
+def test_greedy_newcomers_take_finished_rows_places_and_get_their_solo_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime = PatientRuntime()
+    scheduler = runtime.scheduler = Scheduler(
+        runtime, RULES, BatchLimits(overlap_encoder=True), Metrics(), "fake", clock=Clock()
+    )
+    refills, refill = [], DecoderCache.refill
+    monkeypatch.setattr(
+        DecoderCache,
+        "refill",
+        lambda cache, rows, room: refills.append((cache.rows, len(rows), room)) or refill(cache, rows, room),
+    )
+    srcs, tickets = sources(40, seed=21), []
+    for i, src in enumerate(srcs):  # one or two newcomers an iteration while others finish
+        tickets.append(submit(scheduler, [src], GREEDY))
+        if i % 3 == 0:
+            continue
+        scheduler.run_once()
+    drain(scheduler)
+    for src, ticket in zip(srcs, tickets, strict=True):
+        assert ticket.error is None and ticket.results == [alone(src, GREEDY)]
+    assert any(room for _, _, room in refills)  # newcomers joined in finished rows' places ...
+    assert any(room and kept + room == before for before, kept, room in refills)  # ... as many as finished
 
 
 def test_an_overlapped_encoder_failure_fails_only_its_sentences() -> None:
