@@ -3,6 +3,8 @@ row's own source, position, last token and cached history, so a mixed-up cache r
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from service.kv_cache import DecoderCache
@@ -51,9 +53,7 @@ class FakeRuntime:
         log_probs = np.stack(
             [
                 row_log_probs(int(sig), int(pos), int(tok), float(h))
-                for sig, pos, tok, h in zip(
-                    signatures, cache.lengths, input_ids, history, strict=True
-                )
+                for sig, pos, tok, h in zip(signatures, cache.lengths, input_ids, history, strict=True)
             ]
         )  # (B, V)
         rows = np.arange(len(input_ids))  # (B,)
@@ -78,3 +78,21 @@ def row_log_probs(signature: int, position: int, last: int, history: float) -> n
     logits = rng.normal(scale=2.0, size=VOCAB)
     logits[EOS] += position * 0.6 - 2.0  # sentences end at varied lengths
     return logits - np.logaddexp.reduce(logits)
+
+
+class PatientSteps:
+    """Mixed into a runtime: its steps last until every encoder pass in flight on `scheduler` is done, as a step of
+    many rows outlasts a pass of a few, so that newcomers are ready when a step's finished rows leave (and take
+    their places: Scheduler._refill)."""
+
+    scheduler: Any  # the Scheduler whose steps these are, set once it is made
+
+    def step(self, *args: Any, **kwargs: Any) -> StepOutput:
+        out = super().step(*args, **kwargs)  # type: ignore[misc] - the runtime's own
+        for encoding in list(self.scheduler.encoding):
+            encoding.memory.result(timeout=30)
+        return out
+
+
+class PatientRuntime(PatientSteps, FakeRuntime):
+    pass

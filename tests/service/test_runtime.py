@@ -40,6 +40,7 @@ from service.translator import (
     single_row_rows,
     step_graphs,
 )
+from tests.fakes import PatientSteps
 
 
 def test_cpu_is_always_the_fallback() -> None:
@@ -554,17 +555,8 @@ def test_steps_are_right_where_host_inputs_are_copied_when_bound(
     assert _scheduled(stale, rules, sources, options) != expected
 
 
-class PatientRuntime(OnnxRuntime):
-    """The runtime, its steps lasting until every encoder pass in flight is done (as a step of many rows outlasts a
-    pass of a few): newcomers are ready when a step's finished rows leave, and take their places."""
-
-    scheduler: object
-
-    def step(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - OnnxRuntime.step's
-        out = super().step(*args, **kwargs)
-        for encoding in list(self.scheduler.encoding):
-            encoding.memory.result(timeout=30)
-        return out
+class PatientRuntime(PatientSteps, OnnxRuntime):
+    pass
 
 
 def _refilled(folder, variant: str, sources: list[list[int]], copies: bool) -> tuple[list[object], int, int]:

@@ -16,7 +16,7 @@ from service.kv_cache import DecoderCache
 from service.metrics import Metrics
 from service.runtime import Memory
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
-from tests.fakes import EOS, PAD, START, FakeRuntime
+from tests.fakes import EOS, PAD, START, FakeRuntime, PatientRuntime
 
 RULES = TokenRules(decoder_start_id=START, eos_id=EOS, pad_id=PAD)
 
@@ -259,19 +259,6 @@ def test_decoder_steps_go_on_while_newcomers_are_encoded_on_their_own_thread() -
         assert ticket.error is None and ticket.results == [alone(s, options) for s in sources(1, seed=seed)]
     assert runtime.encoder_threads and all(name.startswith("encoder-fake") for name in runtime.encoder_threads)
     assert stage_seconds(scheduler, "mt_join_wait_seconds")[0] == 3  # observed on the passes' thread's side too
-
-
-class PatientRuntime(FakeRuntime):
-    """A fake whose steps last until every encoder pass in flight is done, as a step of many rows outlasts a pass
-    of a few: the newcomers are ready when a step's finished rows leave."""
-
-    scheduler: Scheduler
-
-    def step(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - FakeRuntime.step's
-        out = super().step(*args, **kwargs)
-        for encoding in list(self.scheduler.encoding):
-            encoding.memory.result(timeout=10)
-        return out
 
 
 def test_greedy_newcomers_take_finished_rows_places_and_get_their_solo_results(
