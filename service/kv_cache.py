@@ -124,12 +124,18 @@ class DecoderCache:
             self._changed()
             self._reserve(self.rows + appended, first + appended, width)
         rows = np.concatenate([places, np.arange(first, first + appended)])  # (b,)
+        sliced = not self.on_gpu and b <= SLICED_ROWS  # a few rows: a slice copy each (see _copy_rows)
+        targets = rows.tolist() if sliced else self.xp.asarray(rows)
         for name, new in (("cross_keys", cross_keys), ("cross_values", cross_values)):
             for layer, new_layer in zip(self._store[name], self.xp.asarray(new), strict=True):  # (R', H, S, Dh)
+                span = new_layer.shape[TIME_AXIS]  # S'; the rest of the source axis is masked
                 if not places.size:  # rows at the end: one contiguous block
-                    layer[first : first + b, :, : new_layer.shape[TIME_AXIS]] = new_layer  # (b, H, S', Dh)
+                    layer[first : first + b, :, :span] = new_layer  # (b, H, S', Dh)
+                elif sliced:
+                    for row, new_row in zip(targets, new_layer, strict=True):
+                        layer[row, :, :span] = new_row  # (H, S', Dh)
                 else:
-                    layer[self.xp.asarray(rows), :, : new_layer.shape[TIME_AXIS]] = new_layer  # (b, H, S', Dh)
+                    layer[targets, :, :span] = new_layer  # (b, H, S', Dh)
         mask = widen_mask(src_mask, width)  # (b, S); the rest of each source's positions masked
         self.src_mask = widen_mask(self.src_mask, width)  # (N, S) itself when no wider
         self.src_mask[places] = mask[: places.size]
@@ -159,10 +165,11 @@ class DecoderCache:
             raise ValueError("refill keeps each row at most once")
         dead = np.flatnonzero(~alive[:count])  # places below the new count that no kept row holds
         tail = np.flatnonzero(alive[count:]) + count  # kept rows past it: they move into the first such places
+        moved, vacant = dead[: tail.size], dead[tail.size :]
         layout = np.arange(count)  # (B',)
-        layout[dead[: tail.size]] = tail
-        layout[dead[tail.size :]] = -1
-        self._relayout(layout)
+        layout[moved] = tail
+        layout[vacant] = -1
+        self._relayout(layout, moved, tail, vacant)
         return layout
 
     @property
@@ -184,7 +191,7 @@ class DecoderCache:
         if self._vacant.size:
             raise RuntimeError("a selection before the places left for joining sentences were filled")
         if self._in_order and n <= self.rows and (parents >= n).all() and len(set(parents.tolist())) == moved.size:
-            self._relayout(rows)  # finished rows' places taken by distinct rows from past the new end
+            self._relayout(rows, moved, parents, moved[:0])  # finished rows' places taken by rows from past the end
             return
         if n > self.rows:
             self._reserve(n, self.sentences, self.src_mask.shape[1])
@@ -216,35 +223,36 @@ class DecoderCache:
         self.src_mask = self.src_mask[self.sentence]  # (N, S) row i's
         self.sentence = np.arange(self.rows)  # (B,)
 
-    def _relayout(self, layout: np.ndarray) -> None:
-        """Rows that are each their own sentence, in order, and stay so, to `layout`: each place's row before, or
-        -1 for a place left open for a joining sentence (`add`). A moved row's sentence (its source and mask) moves
-        with it, to the same place. What a continuous batch of greedy rows does at nearly every step, in a third of
-        the general path's array operations: no sentence map to gather, rename or search for sentences no row
-        attends to. At the same row count the arrays a step is given change in place: its binding holds."""
+    def _relayout(self, layout: np.ndarray, moved: np.ndarray, parents: np.ndarray, vacant: np.ndarray) -> None:
+        """Rows that are each their own sentence, in order, and stay so, to `layout` (B',): each place's row before,
+        or -1 for a place left open for a joining sentence (`add`): places `moved` take rows `parents` (each from
+        past the new count), places `vacant` are left open. A moved row's sentence (its source and mask) moves with
+        it, to the same place. What a continuous batch of greedy rows does at nearly every step, in a third of the
+        general path's array operations: no sentence map to gather, rename or search for sentences no row attends
+        to. At the same row count nothing moves (no row is past it) and the arrays a step is given change in place:
+        its binding holds."""
         count, before = len(layout), self.rows
-        moved = np.flatnonzero(layout != np.arange(count))  # (m,) places that take another row, or are left open
-        vacant, moved = moved[layout[moved] < 0], moved[layout[moved] >= 0]
-        parents = layout[moved]  # (m',) each from past the new count
         if count != before or self.bound_copies:
             self._changed()
         if count > before:
             self._reserve(count, count, self.src_mask.shape[1])
-        filled = int(self.lengths[parents].max(initial=0))  # the most slots a copied row has written
-        for name in ("self_keys", "self_values"):
-            self._copy_rows(name, moved, parents, filled)
-        used = np.flatnonzero(self.src_mask[parents].any(axis=0))  # (S',) source positions the movers have
-        for name in ("cross_keys", "cross_values"):
-            self._copy_rows(name, moved, parents, int(used[-1]) + 1 if used.size else 0)
-        if count == before:  # no row moved (none is past the count): open places only, in place
+        if moved.size:
+            filled = int(self.lengths[parents].max())  # the most slots a copied row has written
+            for name in ("self_keys", "self_values"):
+                self._copy_rows(name, moved, parents, filled)
+            used = np.flatnonzero(self.src_mask[parents].any(axis=0))  # (S',) source positions the movers have
+            for name in ("cross_keys", "cross_values"):
+                self._copy_rows(name, moved, parents, int(used[-1]) + 1 if used.size else 0)
+        if count == before:  # open places only, in place
             self.lengths[vacant] = 0
-        else:
-            kept = np.flatnonzero(layout >= 0)  # (k,)
-            lengths = np.zeros(count, np.int64)  # (B',) open places: no steps
-            lengths[kept] = self.lengths[layout[kept]]
-            src_mask = np.zeros((count, self.src_mask.shape[1]), np.bool_)  # (N', S) open places: set by add
-            src_mask[kept] = self.src_mask[layout[kept]]
+        elif before:  # open places (-1) read the last row, then are cleared: no steps, no source until add
+            lengths, src_mask = self.lengths[layout], self.src_mask[layout]  # (B',), (N', S)
+            lengths[vacant], src_mask[vacant] = 0, False
             self.lengths, self.src_mask, self.sentence = lengths, src_mask, np.arange(count)
+            self._groups = None
+        else:  # no rows before: every place open
+            self.lengths, self.sentence = np.zeros(count, np.int64), np.arange(count)  # (B',) each
+            self.src_mask = np.zeros((count, self.src_mask.shape[1]), np.bool_)  # (N', S)
             self._groups = None
         self._vacant = vacant
         if not vacant.size:
