@@ -16,7 +16,8 @@ buffer are never both whole in memory (on the paper-size model at beam 4 x 32 th
 The four big buffers have room for more rows (sentences) than are live (like a growing list), so that rows
 join, leave and follow their parents in place: a continuous batch that a sentence joins at every step never
 copies the whole cache. The step graph gets each layer's first B rows (N sentences), a contiguous view. When
-sentences leave, the last live sentences' sources move into their places, so that the live ones stay first.
+sentences leave, the last live sentences' sources move into their places, so that the live ones stay first; for
+greedy rows, sentences joining at that moment take those places first (`refill`).
 
 Cross-attention reads every source position of its buffers at every step (self-attention reads only each
 row's written slots), so the source axis gives back room when the sentences that needed it leave, and the time
