@@ -55,8 +55,9 @@ OPSET = 17
 CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (attention kernels), version 1
 # How the graphs are built within one format (same inputs and outputs): recorded in the manifest's provenance, so
 # that a benchmark can tell a folder exported before a change of structure. 2: cross-attention as one
-# MultiHeadAttention node.
-GRAPHS_REVISION = 2
+# MultiHeadAttention node. 3: the ragged step graph takes each sentence's last source position with a Gather of
+# rows (GatherElements and a Transpose before).
+GRAPHS_REVISION = 3
 # The step graph also returns each row's best next tokens, as many as its `top_k` input asks for: the runtime asks
 # for what the step's searches need (greedy 2, beam k 2k + 1: 2k candidates, plus one when EOS is not allowed yet)
 # plus pad and the decoder start, which it drops (cheaper than masking the whole distribution in the graph).

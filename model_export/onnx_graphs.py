@@ -222,15 +222,22 @@ def _step_cross_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: 
 
 
 def _source_lengths(g: GraphBuilder, cfg) -> None:
-    """What the ragged cross-attention needs, once per step: `source_last_index` (N, H, 1, Dh), each sentence's
-    last source position, and GroupQueryAttention's `source_seqlens_k` (N,) and `source_total` () (int32). Sources
-    are left-aligned (the cache keeps them so), src_mask True on their tokens."""
+    """What the ragged cross-attention needs, once per step: `source_last_rows` (N x H,), where each sentence's last
+    source position lies, head by head, in a cross-attention cache seen as (N x H x S, Dh) rows, and
+    GroupQueryAttention's `source_seqlens_k` (N,) and `source_total` () (int32). Sources are left-aligned (the cache
+    keeps them so), src_mask True on their tokens; every layer's cache has the same source axis S."""
+    h = cfg.n_heads
     lengths = g.op("ReduceSum", g.op("Cast", "src_mask", to=TensorProto.INT64), g.ints([1]), keepdims=0)  # (N,)
-    last = g.op("Sub", lengths, g.const("source.one", np.int64(1)))  # (N,)
+    one = g.const("source.one", np.int64(1))
+    last = g.op("Sub", lengths, one)  # (N,)
     g.op("Cast", last, to=TensorProto.INT32, out="source_seqlens_k")  # (N,) the positions before the last
     g.op("Cast", g.op("ReduceMax", lengths, keepdims=0), to=TensorProto.INT32, out="source_total")  # ()
-    column = g.op("Reshape", last, g.ints([-1, 1, 1, 1]))  # (N, 1, 1, 1)
-    g.op("Expand", column, g.ints([1, cfg.n_heads, 1, cfg.head_dim]), out="source_last_index")  # (N, H, 1, Dh)
+    sentences = g.op("Squeeze", g.op("Shape", "src_mask", start=0, end=1))  # () N
+    heads = g.op("Mul", sentences, g.const("source.heads", np.int64(h)))  # () N x H
+    blocks = g.op("Range", g.const("source.zero", np.int64(0)), heads, one)  # (N x H,) n x H + h
+    width = g.op("Shape", "cross_key_0", start=2, end=3)  # (1,) S
+    each = g.op("Reshape", g.op("Expand", g.op("Reshape", last, g.ints([-1, 1])), g.ints([1, h])), g.ints([-1]))
+    g.op("Add", g.op("Mul", blocks, width), each, out="source_last_rows")  # (N x H,) block start + last position
 
 
 def _ragged_cross_attention(g: GraphBuilder, grouped: str, i: int, cfg) -> str:
@@ -242,9 +249,10 @@ def _ragged_cross_attention(g: GraphBuilder, grouped: str, i: int, cfg) -> str:
     where sentences have 16."""
     h, dh = cfg.n_heads, cfg.head_dim
     new = []
-    for role in ("key", "value"):
-        last = g.op("GatherElements", f"cross_{role}_{i}", "source_last_index", axis=2)  # (N, H, 1, Dh)
-        new.append(g.op("Reshape", g.op("Transpose", last, perm=[0, 2, 1, 3]), g.ints([0, 1, h * dh])))  # (N, 1, D)
+    for role in ("key", "value"):  # a Gather of rows: GatherElements over (N, H, 1, Dh) and a Transpose cost more
+        rows = g.op("Reshape", f"cross_{role}_{i}", g.ints([-1, dh]))  # (N x H x S, Dh), a view
+        last = g.op("Gather", rows, "source_last_rows", axis=0)  # (N x H, Dh)
+        new.append(g.op("Reshape", last, g.ints([-1, 1, h * dh])))  # (N, 1, D)
     context = g._fresh("cross_context")
     g.ops_named(
         "GroupQueryAttention", grouped, new[0], new[1], f"cross_key_{i}", f"cross_value_{i}", "source_seqlens_k",
