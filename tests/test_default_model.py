@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from model_export import graph_io
 from model_export.card import variant_bytes
 from service.api import create_app
 from service.model_folder import load_model_folder
@@ -23,7 +24,8 @@ def client() -> TestClient:
 def test_the_folder_is_intact_and_int8_by_default() -> None:
     manifest = load_model_folder(DEFAULT).manifest  # checksums of every file
     assert manifest.default_variant == "int8" and set(manifest.variants) == {"fp32", "int8"}
-    assert manifest.format_version == 6 and manifest.variants["int8"].decoder_step_single is not None  # one row
+    assert manifest.format_version == 7 and manifest.variants["int8"].decoder_step_single is not None  # one row
+    assert manifest.provenance["exporter"]["graphs"] == graph_io.GRAPHS_REVISION  # the ragged graph's row Gather
     assert (DEFAULT / "README.md").is_file() and (DEFAULT / "NOTICE").is_file()
 
 
