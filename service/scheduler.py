@@ -412,9 +412,14 @@ class Scheduler:
 
     def _join(self, wait: bool) -> None:
         """Sentences whose encoder pass is done join the batch (with `wait`, every pass in flight first ends)."""
-        for encoding, memory in self._encoded(wait):
-            self.cache.add(memory.keys, memory.values, encoding.src_mask)
-            self.active += self._joined(encoding)
+        encoded = self._encoded(wait)
+        try:
+            for encoding, memory in encoded:
+                self.cache.add(memory.keys, memory.values, encoding.src_mask)
+                self.active += self._joined(encoding)
+        except Exception as error:  # noqa: BLE001 - the cache's bookkeeping failed: fail the batch, keep serving
+            self._fail([job for encoding, _ in encoded for job in encoding.jobs], error)
+            self._reset(error)
 
     def _encoded(self, wait: bool) -> list[tuple[Encoding, Memory]]:
         """The encoder passes that are done (with `wait`, all of them, once done), taken out of `encoding`; a
@@ -460,19 +465,21 @@ class Scheduler:
         try:
             out = self.runtime.step(input_ids, self.cache, candidates=candidates_needed(searches))
         except Exception as error:  # noqa: BLE001 - fail this batch's requests, keep serving
-            self._fail([r.job for r in self.active], error)
-            self.active = []
-            self.cache = self.runtime.new_cache()
+            self._reset(error)
             return
         order, rows = advance_all(searches, out.top_log_probs, out.top_ids)
         for running in self.active:
             if running.search.done:
                 self._deliver(running)
-        if rows is not None and greedy and self.cache.in_order and not self.limits.static:
-            self._refill(rows)  # greedy rows, some finished: newcomers take their places
-        else:
-            self.cache.select(rows)
-            self.active = [self.active[i] for i in order]
+        try:
+            if rows is not None and greedy and self.cache.in_order and not self.limits.static:
+                self._refill(rows)  # greedy rows, some finished: newcomers take their places
+            else:
+                self.cache.select(rows)
+                self.active = [self.active[i] for i in order]
+        except Exception as error:  # noqa: BLE001 - the cache's bookkeeping failed: fail the batch, keep serving
+            self._reset(error)
+            return
         self.metrics.step_rows.labels(self.model).observe(len(input_ids))
         self.metrics.step_duration.labels(self.model).observe(time.perf_counter() - started)
 
@@ -482,13 +489,24 @@ class Scheduler:
         would have moved there and the newcomers joined at the end before the next step. When as many join as
         finished, no row moves and the step's binding holds."""
         encoded = self._encoded(wait=False)
-        layout = self.cache.refill(rows, sum(len(encoding.jobs) for encoding, _ in encoded))
-        active: list[Running | None] = [self.active[row] if row >= 0 else None for row in layout.tolist()]
-        for encoding, memory in encoded:
-            places = self.cache.add(memory.keys, memory.values, encoding.src_mask)  # (b,) the places it left
-            for place, running in zip(places.tolist(), self._joined(encoding), strict=True):
-                active[place] = running
+        try:
+            layout = self.cache.refill(rows, sum(len(encoding.jobs) for encoding, _ in encoded))
+            active: list[Running | None] = [self.active[row] if row >= 0 else None for row in layout.tolist()]
+            for encoding, memory in encoded:
+                places = self.cache.add(memory.keys, memory.values, encoding.src_mask)  # (b,) the places it left
+                for place, running in zip(places.tolist(), self._joined(encoding), strict=True):
+                    active[place] = running
+        except Exception as error:  # noqa: BLE001 - the newcomers fail with the batch (_step resets it)
+            self._fail([job for encoding, _ in encoded for job in encoding.jobs], error)
+            raise
         self.active = active  # type: ignore[assignment] - every place filled: add took them all
+
+    def _reset(self, error: Exception) -> None:
+        """A step, or the cache's bookkeeping around one, failed: the batch's sentences fail (their requests get
+        500), a new cache starts empty, and the worker serves on."""
+        self._fail([r.job for r in self.active], error)
+        self.active = []
+        self.cache = self.runtime.new_cache()
 
     def _deliver(self, running: Running) -> None:
         results = running.search.results()

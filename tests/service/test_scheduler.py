@@ -287,6 +287,41 @@ def test_greedy_newcomers_take_finished_rows_places_and_get_their_solo_results(
     assert any(room and kept + room == before for before, kept, room in refills)  # ... as many as finished
 
 
+@pytest.mark.parametrize("overlap", [False, True])  # newcomers join before a step (add) or after one (refill)
+def test_a_failing_join_fails_its_batch_and_its_newcomers_and_the_worker_serves_on(
+    overlap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache's bookkeeping failing as sentences join (a bug) fails the batch and the joining sentences with
+    500s, none left waiting, and the worker serves the next requests as if nothing had happened."""
+    runtime = PatientRuntime()
+    scheduler = runtime.scheduler = Scheduler(
+        runtime, RULES, BatchLimits(overlap_encoder=overlap), Metrics(), "fake", clock=Clock()
+    )
+    tickets = [submit(scheduler, [src], GREEDY) for src in sources(6, seed=31)]
+    scheduler.run_once()  # the first six run a step
+    add, calls = DecoderCache.add, []
+
+    def failing_add(cache: DecoderCache, *args: np.ndarray) -> np.ndarray:
+        calls.append(cache.rows)
+        if len(calls) == 1:
+            raise RuntimeError("injected bookkeeping failure")
+        return add(cache, *args)
+
+    monkeypatch.setattr(DecoderCache, "add", failing_add)
+    joining = submit(scheduler, sources(2, seed=32), GREEDY)
+    for _ in range(40):
+        if joining.finished:
+            break
+        scheduler.run_once()
+    assert calls and isinstance(joining.error, InferenceError)
+    failed = [t for t in tickets if t.error is not None]
+    assert failed and all(isinstance(t.error, InferenceError) for t in failed)  # the batch it would have joined
+    after = submit(scheduler, sources(3, seed=33), GREEDY)
+    drain(scheduler)
+    assert all(t.finished for t in tickets) and after.error is None
+    assert after.results == [alone(s, GREEDY) for s in sources(3, seed=33)]
+
+
 def test_an_overlapped_encoder_failure_fails_only_its_sentences() -> None:
     scheduler, runtime = overlapping()
     running = submit(scheduler, sources(1, seed=16), LONG)
