@@ -121,7 +121,7 @@ class DecoderCache:
         b, width, first = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1]), self.sentences
         places, self._vacant = self._vacant[:b], self._vacant[b:]  # (v,) left for them, (the rest) for later ones
         appended = b - places.size
-        if appended or width > self.src_mask.shape[1] or self.bound_copies:
+        if appended or width > self.src_mask.shape[1]:  # (a binding of copies was dropped by refill already)
             self._changed()
             self._reserve(self.rows + appended, first + appended, width)
         rows = np.concatenate([places, np.arange(first, first + appended)])  # (b,)
@@ -157,7 +157,7 @@ class DecoderCache:
         would have moved there (its steps and its source copied). When as many join as finished, nothing moves
         and the arrays a step is given stay the same: the next step keeps its binding. Returns each place's row
         before (-1: left for a newcomer). Every place must be filled before the next step (make_room checks)."""
-        if not self._in_order or self._vacant.size:
+        if not self.rows or not self._in_order or self._vacant.size:  # it follows a step: there are rows
             raise ValueError("refill needs rows that are each their own sentence, in order, and no places left open")
         count = len(rows) + room
         alive = np.zeros(max(self.rows, count), np.bool_)  # (max(B, B'),)
@@ -246,14 +246,10 @@ class DecoderCache:
                 self._copy_rows(name, moved, parents, int(used[-1]) + 1 if used.size else 0)
         if count == before:  # open places only, in place
             self.lengths[vacant] = 0
-        elif before:  # open places (-1) read the last row, then are cleared: no steps, no source until add
+        else:  # open places (-1) read the last row, then are cleared: no steps, no source until add
             lengths, src_mask = self.lengths[layout], self.src_mask[layout]  # (B',), (N', S)
             lengths[vacant], src_mask[vacant] = 0, False
             self.lengths, self.src_mask, self.sentence = lengths, src_mask, np.arange(count)
-            self._groups = None
-        else:  # no rows before: every place open
-            self.lengths, self.sentence = np.zeros(count, np.int64), np.arange(count)  # (B',) each
-            self.src_mask = np.zeros((count, self.src_mask.shape[1]), np.bool_)  # (N', S)
             self._groups = None
         self._vacant = vacant
         if not vacant.size:
