@@ -13,16 +13,29 @@ import subprocess
 import sys
 import threading
 import time
+from multiprocessing import Pipe
 from pathlib import Path
 
 import httpx
 import pytest
 import uvloop
 from fastapi.testclient import TestClient
+from prometheus_client import generate_latest
 
 from bench.processes import children
 from service.api import create_app
-from service.engine_process import EngineProcess, MetricsRecorder, _Outbox, rebuilt_error
+from service.decoding import Hypothesis, SearchOptions
+from service.engine_process import (
+    EngineProcess,
+    MetricsRecorder,
+    MetricsReplay,
+    Wire,
+    _Outbox,
+    hypotheses_from_wire,
+    hypotheses_wire,
+    options_wire,
+    rebuilt_error,
+)
 from service.errors import DeadlineExceeded, InferenceError, ModelFolderError, Overloaded
 from service.metrics import Metrics
 from service.scheduler import SentenceJob, Ticket
@@ -172,6 +185,55 @@ def test_the_outbox_writes_what_it_has_queued_at_once_metric_updates_first() -> 
             ("error", 3, "InferenceError", "boom", None),
         ],
     ]
+
+
+def test_options_and_hypotheses_cross_the_pipe_as_plain_tuples_and_come_back_equal() -> None:
+    """Every field, none at its default, survives the trip: a field added to either dataclass travels too."""
+    options = SearchOptions(beam_size=3, max_new_tokens=17, length_penalty=0.6, n_best=2, min_new_tokens=4)
+    assert set(vars(options).items()).isdisjoint(vars(SearchOptions()).items())
+    results = [[Hypothesis((5, 6, 3), -1.5, -0.5), Hypothesis((7, 3), -2.0, -1.0)], [Hypothesis((3,), -0.1, -0.1)]]
+    a, b = Pipe()
+    wire_a, wire_b = Wire(a), Wire(b)
+    wire_a.send([("submit", 1, 2.5, [([4, 5, 3], options_wire(options))]), ("done", 1, hypotheses_wire(results), 0.0)])
+    (_, _, _, [(ids, sent)]), (_, _, carried, _) = wire_b.recv()
+    assert ids == [4, 5, 3] and SearchOptions(*sent) == options
+    assert all(type(value) in (int, float) for value in sent)  # no dataclass pickled
+    assert all(type(h) is tuple for hyps in carried for h in hyps)
+    assert hypotheses_from_wire(carried) == results
+
+
+def test_engine_metric_updates_are_gathered_and_replay_as_the_calls_would() -> None:
+    """Observations of one metric and labels travel as one list, increments as their sum, a gauge as its last
+    value; replayed, the server's registry reads as if the engine's calls had been made on it."""
+    recorder, direct = MetricsRecorder(), Metrics()
+    calls = [
+        ("step_rows", ("m",), "observe", 3.0),
+        ("sentences", ("m",), "inc", 1.0),
+        ("step_rows", ("m",), "observe", 30.0),
+        ("queue_depth", ("m",), "set", 7.0),
+        ("step_rows", ("n",), "observe", 1.0),
+        ("sentences", ("m",), "inc", 2.0),
+        ("queue_depth", ("m",), "set", 2.0),
+    ]
+    for name, labels, method, value in calls:
+        getattr(getattr(recorder, name).labels(*labels), method)(value)
+        getattr(getattr(direct, name).labels(*labels), method)(value)
+    updates = recorder.take()
+    assert sorted(updates) == [
+        ("queue_depth", ("m",), "set", 2.0),
+        ("sentences", ("m",), "inc", 3.0),
+        ("step_rows", ("m",), "observe", [3.0, 30.0]),
+        ("step_rows", ("n",), "observe", [1.0]),
+    ]
+    assert recorder.take() == []
+    replayed = Metrics()
+    assert MetricsReplay(replayed).apply(updates) == 2
+    assert samples(replayed) == samples(direct)
+
+
+def samples(metrics: Metrics) -> list[str]:
+    """A registry's exposition without the `_created` timestamps (when each labelled child was first made)."""
+    return [line for line in generate_latest(metrics.registry).decode().splitlines() if "_created{" not in line]
 
 
 def metric_value(translator: Translator, name: str) -> float:
