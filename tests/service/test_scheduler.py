@@ -261,6 +261,58 @@ def test_decoder_steps_go_on_while_newcomers_are_encoded_on_their_own_thread() -
     assert stage_seconds(scheduler, "mt_join_wait_seconds")[0] == 3  # observed on the passes' thread's side too
 
 
+def _queue_behind_a_held_pass(scheduler: Scheduler, runtime: GatedRuntime) -> list[tuple[Ticket, list[list[int]]]]:
+    """A long sentence stepping; then a pass held at the gate on the encoder thread, and two more requests' buckets
+    (of similar lengths) queued behind it, each handed over in an iteration of its own."""
+    scheduler.run_once()  # the long one: encoded (the gate is open), joined, its first step
+    runtime.gate.clear()
+    held = [[5, 6, 7, EOS]]
+    requests = [(submit(scheduler, held, GREEDY), held)]
+    scheduler.run_once()  # the held pass starts on the encoder thread and waits at the gate
+    deadline = time.monotonic() + 10
+    while len(runtime.encoder_threads) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    for srcs in ([[3, 9, 4, EOS], [8, 3, 5, 6, EOS]], [[7, 7, 4, EOS]]):  # two buckets, one iteration each
+        requests.append((submit(scheduler, srcs, GREEDY), srcs))
+        scheduler.run_once()
+    assert runtime.encoder_calls == [1]  # the held pass has not returned: the two buckets wait in its queue
+    return requests
+
+
+def test_buckets_queued_behind_an_encoder_pass_are_merged_into_one_pass_with_their_solo_results() -> None:
+    scheduler, runtime = overlapping()
+    first = submit(scheduler, [[3, 4, 5, 6, EOS]], LONG)
+    requests = _queue_behind_a_held_pass(scheduler, runtime)
+    runtime.gate.set()
+    drain(scheduler)
+    assert runtime.encoder_calls == [1, 1, 3]  # the long one, the held one, the two queued buckets in one pass
+    assert first.results == [alone([3, 4, 5, 6, EOS], LONG)]
+    for ticket, srcs in requests:
+        assert ticket.error is None and ticket.results == [alone(src, GREEDY) for src in srcs]
+
+
+def test_a_merged_encoder_pass_that_fails_fails_each_of_its_buckets_and_the_worker_serves_on() -> None:
+    class FailingMerges(GatedRuntime):
+        def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
+            memory = super().encode(src_ids, src_mask)
+            if len(src_ids) == 3:
+                raise RuntimeError("injected failure of the merged pass")
+            return memory
+
+    runtime = FailingMerges()
+    scheduler = Scheduler(runtime, RULES, BatchLimits(overlap_encoder=True), Metrics(), "fake", clock=Clock())
+    first = submit(scheduler, [[3, 4, 5, 6, EOS]], LONG)
+    (held, held_srcs), *merged = _queue_behind_a_held_pass(scheduler, runtime)
+    runtime.gate.set()
+    drain(scheduler)
+    assert runtime.encoder_calls == [1, 1, 3]
+    assert all(isinstance(ticket.error, InferenceError) for ticket, _ in merged)
+    assert first.error is None and held.error is None and held.results == [alone(held_srcs[0], GREEDY)]
+    after = submit(scheduler, [[4, 4, 4, EOS]], GREEDY)
+    drain(scheduler)
+    assert after.error is None and after.results == [alone([4, 4, 4, EOS], GREEDY)]
+
+
 def test_greedy_newcomers_take_finished_rows_places_and_get_their_solo_results(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
