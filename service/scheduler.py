@@ -225,8 +225,8 @@ class EncoderThread:
         running = [(sources, memory) for sources, memory in group if memory.set_running_or_notify_cancel()]
         if not running:
             return
-        src_ids, src_mask = pad_batch([s for sources, _ in running for s in sources], self.pad_id)  # (b, S) each
         try:
+            src_ids, src_mask = pad_batch([s for sources, _ in running for s in sources], self.pad_id)  # (b, S) each
             merged = self.encode(src_ids, src_mask)  # (L, b, H, S, Dh) twice
         except Exception as error:  # noqa: BLE001 - handed to the decoding thread, which fails these buckets
             for _, memory in running:

@@ -1,0 +1,144 @@
+"""Server A/B: two versions of the server, or two settings, served in turn at one concurrency, pair after pair.
+
+On a shared machine a run moves by 10-20 % from one minute to the next (README, Performance), more than most
+changes are worth; what survives that is the same load on A and B alternating, many times, A first in one pair and
+B first in the next. Each arm is a checkout of this project (its own `service/` and `models/`; the current
+interpreter runs both) and extra environment variables; each run starts a fresh server, warms it, measures a
+window with `bench.server`'s load generator and stops it. Prints a line per run, then the means of both arms,
+their ratio and in how many pairs B came out ahead, for throughput, the HTTP process's CPU per request, rows per
+step, a sentence's wait for its first step and the latencies. The change table's side-by-side figures are runs of
+this.
+    python -m bench.ab --a ../before --b .                                  # two checkouts, 6 pairs at 32 clients
+    python -m bench.ab --a . --b . --b-env MT_PIN_CORES=false --pairs 4     # one checkout, two settings
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.machine import describe, headline
+from bench.server import free_port, measure, sentences, stop_server
+
+ROOT = Path(__file__).resolve().parent.parent
+# (key in bench.server's figures, label, whether lower is better)
+FIGURES = (
+    ("tokens_per_s", "target tok/s", False),
+    ("http_us_per_request", "HTTP process µs per request", True),
+    ("rows_per_step", "rows per step", False),
+    ("join_ms", "to first step ms", True),
+    ("p50_ms", "p50 ms", True),
+    ("p99_ms", "p99 ms", True),
+)
+
+
+def start_in(tree: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`python -m service` from `tree` (its code, its models), ready to serve."""
+    environment = {**os.environ, "MT_MODELS_DIR": str(tree / "models"), "MT_LOG_LEVEL": "WARNING", **env}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)], env=environment, cwd=tree
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server in {tree} exited with status {process.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit(f"the server in {tree} did not become ready")
+
+
+def served(tree: Path, env: dict[str, str], texts: list[str], clients: int, seconds: float) -> dict[str, float]:
+    """One run: a fresh server, 3 s of warm-up at this concurrency, then the measured window."""
+    port = free_port()
+    process = start_in(tree, port, env)
+    try:
+        measure(port, process.pid, texts, clients, 3.0)
+        return measure(port, process.pid, texts, clients, seconds)
+    finally:
+        stop_server(process)
+
+
+def summary(a: list[dict[str, float]], b: list[dict[str, float]]) -> list[tuple[str, float, float, float, int]]:
+    """Per figure: (label, mean of A, mean of B, B / A, pairs in which B did better)."""
+    rows = []
+    for key, label, lower_is_better in FIGURES:
+        xa, xb = np.array([r[key] for r in a]), np.array([r[key] for r in b])
+        better = int(np.sum(xb < xa if lower_is_better else xb > xa))
+        rows.append((label, float(xa.mean()), float(xb.mean()), float(xb.mean() / xa.mean()), better))
+    return rows
+
+
+def alternate(pairs: int, run: Callable[[str], dict[str, float]]) -> dict[str, list[dict[str, float]]]:
+    """`pairs` runs of each arm, A then B in even pairs and B then A in odd ones."""
+    results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    for pair in range(pairs):
+        for arm in ("A", "B") if pair % 2 == 0 else ("B", "A"):
+            results[arm].append(run(arm))
+    return results
+
+
+def environment(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for item in pairs:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--a-env/--b-env take NAME=VALUE, not {item!r}")
+        env[name] = value
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.splitlines()[0])
+    parser.add_argument("--a", type=Path, default=ROOT, help="arm A's checkout (default: this one)")
+    parser.add_argument("--b", type=Path, default=ROOT, help="arm B's checkout (default: this one)")
+    parser.add_argument("--a-env", action="append", default=[], metavar="NAME=VALUE", help="for A's server")
+    parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE", help="for B's server")
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=15.0, help="each run's measured window")
+    parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en")
+    parser.add_argument("--sentences", type=int, default=2000)
+    args = parser.parse_args(argv)
+    arms = {"A": (args.a.resolve(), environment(args.a_env)), "B": (args.b.resolve(), environment(args.b_env))}
+    for name, (tree, _) in arms.items():
+        if not (tree / "service").is_dir() or not (tree / "models").is_dir():
+            raise SystemExit(f"--{name.lower()} {tree}: not a checkout of this project (no service/ or models/)")
+    if arms["A"] == arms["B"]:
+        raise SystemExit("A and B are the same checkout with the same settings: give --b, --a-env or --b-env")
+    texts = sentences(args.corpus, args.sentences)
+    print(headline(describe()), flush=True)
+    for name, (tree, env) in arms.items():
+        print(f"{name}: {tree} {' '.join(f'{k}={v}' for k, v in env.items())}".rstrip(), flush=True)
+
+    def run(arm: str) -> dict[str, float]:
+        figures = served(*arms[arm], texts, args.clients, args.seconds)
+        print(
+            f"  {arm}: {figures['tokens_per_s']:,.0f} target tok/s, HTTP {figures['http_us_per_request']:,.0f} µs a "
+            f"request, {figures['rows_per_step']:.1f} rows a step, first step {figures['join_ms']:.1f} ms, p50 "
+            f"{figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms, errors {figures['errors']}",
+            flush=True,
+        )
+        return figures
+
+    results = alternate(args.pairs, run)
+    print(f"\n{args.pairs} pairs of {args.seconds:g} s at {args.clients} clients, A and B alternating")
+    print("| figure | A, mean | B, mean | B ÷ A | pairs where B did better |\n|---|---:|---:|---:|---:|")
+    for label, a, b, ratio, better in summary(results["A"], results["B"]):
+        print(f"| {label} | {a:,.1f} | {b:,.1f} | {ratio:.3f} | {better} of {args.pairs} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

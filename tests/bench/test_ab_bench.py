@@ -1,0 +1,57 @@
+"""bench.ab: two arms served in turn, A first in even pairs and B first in odd ones; the summary's means, ratios and
+the pairs each arm won, lower being better for costs and latencies; and one real pair of servers on loopback."""
+
+from pathlib import Path
+
+import pytest
+
+from bench.ab import FIGURES, alternate, environment, main, summary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def figures(tokens: float, http_us: float, p99: float) -> dict[str, float]:
+    return {
+        "tokens_per_s": tokens, "http_us_per_request": http_us, "rows_per_step": 20.0, "join_ms": 8.0,
+        "p50_ms": 40.0, "p99_ms": p99,
+    }  # fmt: skip
+
+
+def test_the_arms_alternate_which_goes_first_from_pair_to_pair() -> None:
+    order: list[str] = []
+    results = alternate(3, lambda arm: order.append(arm) or figures(len(order), 1.0, 1.0))
+    assert order == ["A", "B", "B", "A", "A", "B"]
+    assert [r["tokens_per_s"] for r in results["A"]] == [1, 4, 5]
+
+
+def test_the_summary_gives_means_ratios_and_the_pairs_b_did_better_in_each_way_round() -> None:
+    a = [figures(100, 700, 200), figures(120, 800, 220)]
+    b = [figures(110, 650, 210), figures(100, 700, 200)]  # more tokens in one pair; less CPU in both; p99 once lower
+    rows = {label: rest for label, *rest in summary(a, b)}
+    assert [label for _, label, _ in FIGURES] == list(rows)
+    assert rows["target tok/s"] == [110.0, 105.0, pytest.approx(105 / 110), 1]
+    assert rows["HTTP process µs per request"] == [750.0, 675.0, pytest.approx(0.9), 2]  # lower is better
+    assert rows["p99 ms"][3] == 1
+    assert rows["rows per step"][3] == 0  # ties count for neither
+
+
+def test_settings_are_name_value_pairs() -> None:
+    assert environment(["MT_PIN_CORES=false", "X=a=b"]) == {"MT_PIN_CORES": "false", "X": "a=b"}
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        environment(["MT_PIN_CORES"])
+
+
+def test_the_same_arm_twice_is_refused() -> None:
+    with pytest.raises(SystemExit, match="same checkout"):
+        main(["--a", str(ROOT), "--b", str(ROOT)])
+
+
+def test_a_pair_of_real_servers_on_the_shipped_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "test.en").write_text("Open the file.\nSave your changes before closing.\nPrint the page.\n")
+    args = ["--b-env", "MT_BATCHING=static", "--pairs", "1", "--clients", "2", "--seconds", "1"]
+    assert main([*args, "--corpus", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    runs = [line for line in out.splitlines() if line.startswith(("  A: ", "  B: "))]
+    assert [line[2] for line in runs] == ["A", "B"] and all("errors 0" in line for line in runs)
+    table = out[out.index("| figure |") :].splitlines()
+    assert len(table) == 2 + len(FIGURES) and all(line.endswith(" of 1 |") for line in table[2:])
