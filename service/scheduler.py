@@ -207,19 +207,21 @@ class EncoderThread:
     def _merged(
         self, taken: list[tuple[list[list[int]], Future[Memory]]]
     ) -> list[list[tuple[list[list[int]], Future[Memory]]]]:
-        """The queued buckets as passes: shortest first, a bucket joining the pass before it while the pass's
-        shortest and the bucket's longest source stay mergeable and the pass stays within MERGED_PASS_SENTENCES."""
-        groups: list[list[tuple[list[list[int]], Future[Memory]]]] = []
+        """The queued buckets as passes: taken shortest first, a bucket joining the pass before it while the pass's
+        shortest and the bucket's longest source stay mergeable and the pass stays within MERGED_PASS_SENTENCES;
+        the passes then run in the order their first bucket was queued."""
+        groups: list[list[int]] = []  # indexes into `taken`
         shortest = sentences = 0
-        for bucket in sorted(taken, key=lambda b: min(len(s) for s in b[0])):
-            size, longest = len(bucket[0]), max(len(s) for s in bucket[0])
-            if groups and mergeable(shortest, longest, self.ratio) and sentences + size <= MERGED_PASS_SENTENCES:
-                groups[-1].append(bucket)
-                sentences += size
+        for index in sorted(range(len(taken)), key=lambda i: min(len(s) for s in taken[i][0])):
+            sources = taken[index][0]
+            room = sentences + len(sources) <= MERGED_PASS_SENTENCES
+            if groups and room and mergeable(shortest, max(map(len, sources)), self.ratio):
+                groups[-1].append(index)
+                sentences += len(sources)
             else:
-                groups.append([bucket])
-                shortest, sentences = min(len(s) for s in bucket[0]), size
-        return groups
+                groups.append([index])
+                shortest, sentences = min(map(len, sources)), len(sources)
+        return [[taken[i] for i in sorted(group)] for group in sorted(groups, key=min)]
 
     def _pass(self, group: list[tuple[list[list[int]], Future[Memory]]]) -> None:
         running = [(sources, memory) for sources, memory in group if memory.set_running_or_notify_cancel()]

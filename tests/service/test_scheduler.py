@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from service.errors import DeadlineExceeded, InferenceError, Overloaded
 from service.kv_cache import DecoderCache
 from service.metrics import Metrics
 from service.runtime import Memory
-from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
+from service.scheduler import BatchLimits, EncoderThread, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
 from tests.fakes import EOS, PAD, START, FakeRuntime, PatientRuntime
 
 RULES = TokenRules(decoder_start_id=START, eos_id=EOS, pad_id=PAD)
@@ -289,6 +290,16 @@ def test_buckets_queued_behind_an_encoder_pass_are_merged_into_one_pass_with_the
     assert first.results == [alone([3, 4, 5, 6, EOS], LONG)]
     for ticket, srcs in requests:
         assert ticket.error is None and ticket.results == [alone(src, GREEDY) for src in srcs]
+
+
+def test_the_encoder_thread_merges_buckets_of_similar_length_up_to_a_size_and_keeps_their_queue_order() -> None:
+    thread = EncoderThread(FakeRuntime().encode, PAD, 1.5, "encoder-test")
+    lengths = [[30], [4, 5], [5], [31, 40], [6], *[[4] * 7] * 2]  # each a bucket's source lengths, in queue order
+    taken = [([[3] * n for n in bucket], Future()) for bucket in lengths]
+    passes = [[[len(s) for s in sources] for sources, _ in group] for group in thread._merged(taken)]
+    # taken shortest first: the short ones (4-6 tokens) merge up to 16 sentences, the rest in a pass of their own,
+    # the long ones (30-40) apart; the passes run in the order of their first bucket in the queue
+    assert passes == [[[30], [31, 40]], [[4, 5], [4] * 7, [4] * 7], [[5], [6]]]
 
 
 def test_a_merged_encoder_pass_that_fails_fails_each_of_its_buckets_and_the_worker_serves_on() -> None:
