@@ -201,7 +201,14 @@ class EncoderThread:
                 if self._closed:
                     return
                 taken, self._queue = self._queue, []
-            for group in self._merged(taken):
+            try:
+                groups = self._merged(taken)
+            except Exception as error:  # noqa: BLE001 - a bug here fails these buckets, not the thread
+                for _, memory in taken:
+                    if memory.set_running_or_notify_cancel():
+                        memory.set_exception(error)
+                continue
+            for group in groups:
                 self._pass(group)
 
     def _merged(

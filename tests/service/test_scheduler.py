@@ -292,6 +292,28 @@ def test_buckets_queued_behind_an_encoder_pass_are_merged_into_one_pass_with_the
         assert ticket.error is None and ticket.results == [alone(src, GREEDY) for src in srcs]
 
 
+def test_a_failure_in_the_encoder_threads_own_bookkeeping_fails_its_buckets_and_the_thread_serves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheduler, runtime = overlapping()
+    merged, calls = EncoderThread._merged, []
+
+    def failing_once(thread: EncoderThread, taken: list) -> list:
+        calls.append(len(taken))
+        if len(calls) == 1:
+            raise RuntimeError("injected failure merging the queue")
+        return merged(thread, taken)
+
+    monkeypatch.setattr(EncoderThread, "_merged", failing_once)
+    failed = submit(scheduler, [[3, 4, 5, EOS]], GREEDY)
+    drain(scheduler)
+    assert isinstance(failed.error, InferenceError)
+    after = submit(scheduler, [[4, 4, 4, EOS]], GREEDY)
+    drain(scheduler)
+    assert after.error is None and after.results == [alone([4, 4, 4, EOS], GREEDY)]
+    assert calls == [1, 1]
+
+
 def test_the_encoder_thread_merges_buckets_of_similar_length_up_to_a_size_and_keeps_their_queue_order() -> None:
     thread = EncoderThread(FakeRuntime().encode, PAD, 1.5, "encoder-test")
     lengths = [[30], [4, 5], [5], [31, 40], [6], *[[4] * 7] * 2]  # each a bucket's source lengths, in queue order
