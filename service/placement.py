@@ -15,7 +15,7 @@ none is left for its other threads.
 Pinning is a whole-process change, so only `python -m service` asks for it (`load_translators(pin=True)`): it pins
 its own threads to the others' cores before starting the engine processes, which inherit that, and each stream's
 thread pins itself to its core when it starts. Threads a pinned thread starts inherit its core, so a stream's
-encoder pool pins its thread back to the others' cores.
+encoder thread (`EncoderThread`) pins itself back to the others' cores.
 """
 
 from __future__ import annotations
