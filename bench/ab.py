@@ -15,18 +15,14 @@ this.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from bench.machine import describe, headline
-from bench.server import free_port, measure, sentences, stop_server
+from bench.server import free_port, measure, sentences, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 # (key in bench.server's figures, label, whether lower is better)
@@ -40,29 +36,10 @@ FIGURES = (
 )
 
 
-def start_in(tree: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`python -m service` from `tree` (its code, its models), ready to serve."""
-    environment = {**os.environ, "MT_MODELS_DIR": str(tree / "models"), "MT_LOG_LEVEL": "WARNING", **env}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)], env=environment, cwd=tree
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server in {tree} exited with status {process.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise SystemExit(f"the server in {tree} did not become ready")
-
-
 def served(tree: Path, env: dict[str, str], texts: list[str], clients: int, seconds: float) -> dict[str, float]:
     """One run: a fresh server, 3 s of warm-up at this concurrency, then the measured window."""
     port = free_port()
-    process = start_in(tree, port, env)
+    process = start_server(tree / "models", port, env, tree)
     try:
         measure(port, process.pid, texts, clients, 3.0)
         return measure(port, process.pid, texts, clients, seconds)

@@ -78,20 +78,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(models_dir: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_server(
+    models_dir: Path, port: int, env: dict[str, str], checkout: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """`python -m service` from `checkout` (its code; this one by default) on `models_dir`, ready to serve."""
     environment = {**os.environ, "MT_MODELS_DIR": str(models_dir), "MT_LOG_LEVEL": "WARNING", **env}
     process = subprocess.Popen(
-        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)], env=environment, cwd=ROOT
+        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)], env=environment, cwd=checkout
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server in {checkout} exited with status {process.returncode}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
                 return process
         except httpx.TransportError:
             time.sleep(0.2)
     process.kill()
-    raise SystemExit("the server did not become ready")
+    raise SystemExit(f"the server in {checkout} did not become ready")
 
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:
