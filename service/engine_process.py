@@ -373,10 +373,10 @@ class MetricsRecorder:
 
     def __getattr__(self, name: str) -> _Family:
         family = _Family(self, name)
-        setattr(self, name, family)  # found without __getattr__ from now on
+        setattr(self, name, family)  # found without __getattr__ from now on (its own names start with _ but take)
         return family
 
-    def observe(self, key: tuple[str, tuple[str, ...], str], value: float) -> None:
+    def _observe(self, key: tuple[str, tuple[str, ...], str], value: float) -> None:
         with self._lock:
             values = self._pending.get(key)
             if values is None:
@@ -384,11 +384,11 @@ class MetricsRecorder:
             else:
                 values.append(value)
 
-    def inc(self, key: tuple[str, tuple[str, ...], str], value: float) -> None:
+    def _inc(self, key: tuple[str, tuple[str, ...], str], value: float) -> None:
         with self._lock:
             self._pending[key] = self._pending.get(key, 0.0) + value
 
-    def set(self, key: tuple[str, tuple[str, ...], str], value: float) -> None:
+    def _set(self, key: tuple[str, tuple[str, ...], str], value: float) -> None:
         with self._lock:
             self._pending[key] = value
 
@@ -418,13 +418,13 @@ class _Child:
         self._keys = {method: (name, labels, method) for method in ("observe", "inc", "set")}
 
     def observe(self, value: float) -> None:
-        self.recorder.observe(self._keys["observe"], value)
+        self.recorder._observe(self._keys["observe"], value)
 
     def inc(self, value: float = 1.0) -> None:
-        self.recorder.inc(self._keys["inc"], value)
+        self.recorder._inc(self._keys["inc"], value)
 
     def set(self, value: float) -> None:
-        self.recorder.set(self._keys["set"], value)
+        self.recorder._set(self._keys["set"], value)
 
 
 class MetricsReplay:
