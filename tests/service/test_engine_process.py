@@ -231,6 +231,12 @@ def test_engine_metric_updates_are_gathered_and_replay_as_the_calls_would() -> N
     assert samples(replayed) == samples(direct)
 
 
+def test_no_metric_is_named_like_something_the_recorder_has_itself() -> None:
+    """The recorder finds a metric by attribute (`recorder.step_rows`): a metric named like one of its own
+    attributes (`take`, say) would reach that attribute instead."""
+    assert not set(vars(Metrics())) & set(dir(MetricsRecorder()))
+
+
 def samples(metrics: Metrics) -> list[str]:
     """A registry's exposition without the `_created` timestamps (when each labelled child was first made)."""
     return [line for line in generate_latest(metrics.registry).decode().splitlines() if "_created{" not in line]
