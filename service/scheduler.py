@@ -4,7 +4,9 @@ ones are dropped. A static mode runs each batch to completion instead.
 
 Newcomers' encoder passes run between steps or, with `overlap_encoder`, on a thread of their own while
 the decoder keeps stepping; their sentences join the batch at the first step after their pass. On a small
-model at 32 clients the passes took a third of the worker's time when they ran between steps.
+model at 32 clients the passes took a third of the worker's time when they ran between steps. With one stream
+and a short queue, a newcomer's pass starts as it is queued rather than when the worker admits it, up to a step
+later (`_encode_early`).
 
 With several decoding streams (`Streams`), each stream is a Scheduler of its own (its batch, cache, thread
 and encoder thread) and all take newcomers from one queue, each up to its even share of the rows; they share the
@@ -122,13 +124,14 @@ class SentenceJob:
     enqueued_at: float = 0.0  # the scheduler's clock, at each stage: queued, admitted, in the decoder batch
     admitted_at: float = 0.0
     joined_at: float = 0.0
+    early: Encoding | None = None  # its bucket's encoder pass, started as it was queued (Scheduler._encode_early)
 
     @property
     def reserved_tokens(self) -> int:
         return self.options.beam_size * (len(self.src_ids) + self.options.max_new_tokens)
 
 
-@dataclass
+@dataclass(eq=False)
 class Encoding:
     """One encoder pass of newcomers of similar length, finished or in flight."""
 
@@ -138,6 +141,7 @@ class Encoding:
 
 
 MERGED_PASS_SENTENCES = 16  # the most sentences the encoder thread merges into one pass from its backlog
+EARLY_QUEUE = 8  # sentences queued at most (these included) for a submission's encoder passes to start at once
 
 
 def mergeable(shortest: int, longest: int, ratio: float) -> bool:
@@ -329,8 +333,22 @@ class Scheduler:
             for job in jobs:
                 job.enqueued_at = now
             self.waiting.extend(jobs)
+            if self._encoder is not None and len(self.shared.rows) == 1 and len(self.waiting) <= EARLY_QUEUE:
+                self._encode_early(jobs)
             self.metrics.queue_depth.labels(self.model).set(len(self.waiting))
             self._lock.notify_all()  # every idle stream wakes, and takes up to its share
+
+    def _encode_early(self, jobs: list[SentenceJob]) -> None:
+        """(Under the lock, as the jobs are queued.) Start their encoder passes now, one per length bucket, rather
+        than when the worker admits them, up to a step later: with one decoding stream and a short queue they will be
+        admitted at its next iteration, whose newcomers then find their passes done or nearly. The worker takes an
+        early pass when it admits the whole of its bucket at once (else it encodes them again: a request's
+        sentences split by the row or token limits)."""
+        for bucket in self._buckets(jobs):
+            _, src_mask = pad_batch([j.src_ids for j in bucket], self.rules.pad_id)  # (b, S)
+            encoding = Encoding(bucket, src_mask, self._encoder.submit([j.src_ids for j in bucket]))
+            for job in bucket:
+                job.early = encoding
 
     def fits(self, options: SearchOptions, src_len: int) -> bool:
         return fits(self.limits, options, src_len)
@@ -504,13 +522,21 @@ class Scheduler:
     # -- 3. encoder passes ---------------------------------------------------------------------
 
     def _encode(self, jobs: list[SentenceJob]) -> None:
-        """Start one encoder pass per length bucket: on the encoder thread, or here and now."""
+        """Start one encoder pass per length bucket: on the encoder thread, or here and now; an early pass
+        (`_encode_early`) whose whole bucket is admitted is taken as it is."""
         now = self.clock()
-        for bucket in self._buckets(jobs):
-            for job in bucket:
-                job.admitted_at = now
-                self.metrics.queue_wait.labels(self.model).observe(now - job.enqueued_at)
-                job.ticket.queue_seconds = max(job.ticket.queue_seconds, now - job.enqueued_at)
+        for job in jobs:
+            job.admitted_at = now
+            self.metrics.queue_wait.labels(self.model).observe(now - job.enqueued_at)
+            job.ticket.queue_seconds = max(job.ticket.queue_seconds, now - job.enqueued_at)
+        admitted = {id(job) for job in jobs}
+        early = {id(job.early): job.early for job in jobs if job.early is not None}
+        taken = [e for e in early.values() if all(id(j) in admitted for j in e.jobs)]
+        self.encoding += taken
+        started = {id(job) for encoding in taken for job in encoding.jobs}
+        for job in jobs:
+            job.early = None  # the pass is the batch's now, or not used
+        for bucket in self._buckets([job for job in jobs if id(job) not in started]):
             src_ids, src_mask = pad_batch([j.src_ids for j in bucket], self.rules.pad_id)  # (b, S) each
             if self._encoder is not None:
                 memory = self._encoder.submit([j.src_ids for j in bucket])  # padded there, perhaps with others

@@ -16,7 +16,16 @@ from service.errors import DeadlineExceeded, InferenceError, Overloaded
 from service.kv_cache import DecoderCache
 from service.metrics import Metrics
 from service.runtime import Memory
-from service.scheduler import BatchLimits, EncoderThread, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
+from service.scheduler import (
+    EARLY_QUEUE,
+    BatchLimits,
+    EncoderThread,
+    Scheduler,
+    SentenceJob,
+    Streams,
+    Ticket,
+    new_scheduler,
+)
 from tests.fakes import EOS, PAD, START, FakeRuntime, PatientRuntime
 
 RULES = TokenRules(decoder_start_id=START, eos_id=EOS, pad_id=PAD)
@@ -344,6 +353,39 @@ def test_a_merged_encoder_pass_that_fails_fails_each_of_its_buckets_and_the_work
     after = submit(scheduler, [[4, 4, 4, EOS]], GREEDY)
     drain(scheduler)
     assert after.error is None and after.results == [alone([4, 4, 4, EOS], GREEDY)]
+
+
+def _encoded_by_the_thread(runtime: GatedRuntime, sentences: int) -> None:
+    deadline = time.monotonic() + 10
+    while sum(runtime.encoder_calls) < sentences and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def test_a_short_queues_newcomers_are_encoded_as_they_are_queued_and_the_worker_takes_those_passes() -> None:
+    scheduler, runtime = overlapping()
+    ticket = submit(scheduler, [[3, 4, 5, EOS], [6, 7, 8, 9, EOS]], GREEDY)  # one bucket
+    _encoded_by_the_thread(runtime, 2)
+    assert runtime.encoder_calls == [2] and scheduler.encoding == []  # before any iteration of the worker
+    drain(scheduler)
+    assert runtime.encoder_calls == [2]  # admitted whole: its early pass was taken, not run again
+    assert ticket.results == [alone([3, 4, 5, EOS], GREEDY), alone([6, 7, 8, 9, EOS], GREEDY)]
+    assert all(job.early is None for job in scheduler.waiting)
+
+
+def test_a_bucket_admitted_in_parts_is_encoded_again_and_a_long_queue_waits_for_admission() -> None:
+    scheduler, runtime = overlapping(max_rows=1)
+    ticket = submit(scheduler, [[3, 4, 5, EOS], [6, 7, 8, 9, EOS]], GREEDY)  # one bucket, one row at a time
+    _encoded_by_the_thread(runtime, 2)
+    drain(scheduler)
+    assert runtime.encoder_calls == [2, 1, 1]  # the early pass unused: each sentence encoded as it was admitted
+    assert ticket.results == [alone([3, 4, 5, EOS], GREEDY), alone([6, 7, 8, 9, EOS], GREEDY)]
+    runtime.encoder_calls.clear()
+    tickets = [submit(scheduler, [[3 + i, 4, 5, EOS]], GREEDY) for i in range(EARLY_QUEUE + 2)]
+    _encoded_by_the_thread(runtime, EARLY_QUEUE)
+    time.sleep(0.05)
+    assert sum(runtime.encoder_calls) == EARLY_QUEUE  # the ones past a short queue wait to be admitted
+    drain(scheduler)
+    assert all(t.results == [alone([3 + i, 4, 5, EOS], GREEDY)] for i, t in enumerate(tickets))
 
 
 def test_greedy_newcomers_take_finished_rows_places_and_get_their_solo_results(
