@@ -85,7 +85,12 @@ class Metrics:
             registry=r,
         )
         self.sentences = Counter("mt_sentences_total", "Sentences translated.", ["model"], registry=r)
-        self.input_tokens = Counter("mt_input_tokens_total", "Source tokens encoded.", ["model"], registry=r)
+        self.input_tokens = Counter(
+            "mt_input_tokens_total",
+            "Source tokens encoded, once per sentence (as it joins a batch).",
+            ["model"],
+            registry=r,
+        )
         self.generated_tokens = Counter(
             "mt_generated_tokens_total",
             "Target tokens generated (best hypothesis, EOS included).",

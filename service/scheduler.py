@@ -552,7 +552,6 @@ class Scheduler:
         started = time.perf_counter()
         memory = self.runtime.encode(src_ids, src_mask)
         self.metrics.encoder_duration.labels(self.model).observe(time.perf_counter() - started)
-        self.metrics.input_tokens.labels(self.model).inc(int(src_mask.sum()))
         return memory
 
     def _join(self, wait: bool) -> None:
@@ -587,6 +586,8 @@ class Scheduler:
         for job in encoding.jobs:
             job.joined_at = now
             self.metrics.join_wait.labels(self.model).observe(now - job.admitted_at)
+        # once per sentence, as it joins: an early pass left unused and its bucket encoded again counts once
+        self.metrics.input_tokens.labels(self.model).inc(sum(len(job.src_ids) for job in encoding.jobs))
         start, eos = self.rules.decoder_start_id, self.rules.eos_id
         return [Running(job, new_search(start, eos, job.options)) for job in encoding.jobs]
 

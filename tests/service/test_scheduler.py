@@ -379,6 +379,7 @@ def test_a_bucket_admitted_in_parts_is_encoded_again_and_a_long_queue_waits_for_
     drain(scheduler)
     assert runtime.encoder_calls == [2, 1, 1]  # the early pass unused: each sentence encoded as it was admitted
     assert ticket.results == [alone([3, 4, 5, EOS], GREEDY), alone([6, 7, 8, 9, EOS], GREEDY)]
+    assert scheduler.metrics.input_tokens.labels("fake")._value.get() == 4 + 5  # each sentence's tokens once
     runtime.encoder_calls.clear()
     tickets = [submit(scheduler, [[3 + i, 4, 5, EOS]], GREEDY) for i in range(EARLY_QUEUE + 2)]
     _encoded_by_the_thread(runtime, EARLY_QUEUE)
