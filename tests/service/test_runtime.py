@@ -595,6 +595,13 @@ def test_newcomers_in_finished_rows_places_keep_the_binding_and_every_result(
     gets when the last rows move into those places and newcomers join at the end (the same rows at every step, in
     another order), with fewer bindings: a step after as many joined as finished keeps its binding. Where host
     inputs are copied when bound (CUDA, simulated here), the cache binds anew instead, and the results hold."""
+    import service.scheduler
+
+    # one encoder pass per bucket the worker admits, none early or merged: int8 quantizes a pass's activations with
+    # one scale over its sentences (README, "How the server runs a model"), so the three runs compared here must
+    # encode each sentence with the same others, which the encoder thread's timing would otherwise decide
+    monkeypatch.setattr(service.scheduler, "EARLY_QUEUE", 0)
+    monkeypatch.setattr(service.scheduler, "MERGED_PASS_SENTENCES", 1)
     folder = load_model_folder(quantized)
     rng = np.random.default_rng(11)
     eos = folder.manifest.special_ids.eos
