@@ -27,14 +27,18 @@ class TokenRules:
     pad_id: int
 
 
+def source_mask(sources: list[list[int]]) -> np.ndarray:
+    """(b, S) bool: each id list's positions of the right-padded batch (`pad_batch`) that are real."""
+    lengths = np.array([len(s) for s in sources])  # (b,)
+    return np.arange(lengths.max()) < lengths[:, None]  # (b, S)
+
+
 def pad_batch(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad id lists into src_ids (b, S) int64 and src_mask (b, S) bool."""
-    width = max(len(s) for s in sources)
-    src_ids = np.full((len(sources), width), pad_id, dtype=np.int64)  # (b, S)
-    src_mask = np.zeros((len(sources), width), dtype=np.bool_)  # (b, S)
+    src_mask = source_mask(sources)  # (b, S)
+    src_ids = np.full(src_mask.shape, pad_id, dtype=np.int64)  # (b, S)
     for row, ids in enumerate(sources):
         src_ids[row, : len(ids)] = ids
-        src_mask[row, : len(ids)] = True
     return src_ids, src_mask
 
 

@@ -41,6 +41,7 @@ from service.engine import (
     greedy_rows,
     last_tokens,
     pad_batch,
+    source_mask,
 )
 from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
 from service.metrics import Metrics
@@ -131,7 +132,7 @@ class SentenceJob:
         return self.options.beam_size * (len(self.src_ids) + self.options.max_new_tokens)
 
 
-@dataclass(eq=False)
+@dataclass
 class Encoding:
     """One encoder pass of newcomers of similar length, finished or in flight."""
 
@@ -345,8 +346,7 @@ class Scheduler:
         early pass when it admits the whole of its bucket at once (else it encodes them again: a request's
         sentences split by the row or token limits)."""
         for bucket in self._buckets(jobs):
-            _, src_mask = pad_batch([j.src_ids for j in bucket], self.rules.pad_id)  # (b, S)
-            encoding = Encoding(bucket, src_mask, self._encoder.submit([j.src_ids for j in bucket]))
+            encoding = self._encoding(bucket)
             for job in bucket:
                 job.early = encoding
 
@@ -536,17 +536,21 @@ class Scheduler:
         started = {id(job) for encoding in taken for job in encoding.jobs}
         for job in jobs:
             job.early = None  # the pass is the batch's now, or not used
-        for bucket in self._buckets([job for job in jobs if id(job) not in started]):
-            src_ids, src_mask = pad_batch([j.src_ids for j in bucket], self.rules.pad_id)  # (b, S) each
-            if self._encoder is not None:
-                memory = self._encoder.submit([j.src_ids for j in bucket])  # padded there, perhaps with others
-            else:
-                memory = Future()
-                try:
-                    memory.set_result(self._encoder_pass(src_ids, src_mask))
-                except Exception as error:  # noqa: BLE001 - handed to _join, which fails only this bucket
-                    memory.set_exception(error)
-            self.encoding.append(Encoding(bucket, src_mask, memory))
+        self.encoding += [self._encoding(b) for b in self._buckets([j for j in jobs if id(j) not in started])]
+
+    def _encoding(self, bucket: list[SentenceJob]) -> Encoding:
+        """A bucket's encoder pass: handed to the encoder thread (which pads it, perhaps with others), or run here
+        and now."""
+        sources = [job.src_ids for job in bucket]
+        if self._encoder is not None:
+            return Encoding(bucket, source_mask(sources), self._encoder.submit(sources))  # (b, S) mask
+        src_ids, src_mask = pad_batch(sources, self.rules.pad_id)  # (b, S) each
+        memory: Future[Memory] = Future()
+        try:
+            memory.set_result(self._encoder_pass(src_ids, src_mask))
+        except Exception as error:  # noqa: BLE001 - handed to _join, which fails only this bucket
+            memory.set_exception(error)
+        return Encoding(bucket, src_mask, memory)
 
     def _encoder_pass(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
         started = time.perf_counter()
