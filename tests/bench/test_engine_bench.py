@@ -14,6 +14,7 @@ from bench.engine import (
     benchmark,
     best_layouts,
     memory_table,
+    real_text_table,
     split_layout,
     table,
     written_by_this_exporter,
@@ -53,6 +54,18 @@ def test_engines_run_in_workers_with_forced_lengths_and_report_tables(model_dir:
     assert f"| greedy | 4 | {fastest.tokens_per_second:,.0f} | {layout} |" in best  # ours in its fastest layout
     memory = memory_table(results, {e.name: e.loaded_rss_mb for e in engines})
     assert memory.count("\n") == 4 and "ours-int8" in memory
+
+
+def test_real_text_ratios_set_each_layout_against_ours_in_it() -> None:
+    rows = {
+        "ours-int8@1x1": (39.4, 59.2, 8_000.0),
+        "ct2-int8@1x1": (39.5, 59.2, 10_000.0),
+        "ct2-int8": (39.5, 59.2, 5_000.0),
+    }
+    lines = real_text_table(rows).splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| ct2-int8@1x1", "| ours-int8@1x1", "| ct2-int8"]
+    assert lines[2].endswith("| 10,000 | 0.80 |") and lines[3].endswith("| 8,000 | 1.00 |")
+    assert lines[4].endswith("| 5,000 | - |")  # no plain ours-int8 in this run: no ratio, not nan
 
 
 def test_layouts_split_the_threads_between_streams() -> None:
