@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=15.0, help="each run's measured window")
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en")
-    parser.add_argument("--sentences", type=int, default=2000)
+    parser.add_argument("--sentences", type=int, help="the test set's first N (default: all of it)")
     args = parser.parse_args(argv)
     arms = {"A": (args.a.resolve(), environment(args.a_env)), "B": (args.b.resolve(), environment(args.b_env))}
     for name, (tree, _) in arms.items():

@@ -77,8 +77,8 @@ def bench_models_dir(models_dir: Path | None, bench_model: str | None) -> Path:
     return root
 
 
-def bench_sentences(limit: int = 1000) -> list[str]:
-    """The corpus's test (or dev) sentences, else a few built-in ones."""
+def bench_sentences(limit: int | None = None) -> list[str]:
+    """The corpus's test (or dev) sentences, the first `limit` (None: all), else a few built-in ones."""
     for name in ("test.en", "dev.en"):
         path = ROOT / "data" / "corpus" / name
         if path.is_file():

@@ -23,6 +23,7 @@ from prometheus_client import generate_latest
 
 from bench.machine import describe, headline
 from bench.server import batch_figures, metric_totals
+from bench.server import sentences as test_sentences
 from service.decoding import SearchOptions
 from service.engine_process import EngineProcess
 from service.metrics import Metrics
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en")
     parser.add_argument("--clients", default="32")
     parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--sentences", type=int, help="the test set's first N (default: all of it)")
     args = parser.parse_args(argv)
     print(headline(describe()), flush=True)
     settings = Settings()
@@ -118,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = translator.scheduler
     assert not isinstance(scheduler, EngineProcess)  # a runtime was given
     options, target = TranslateOptions(beam_size=settings.default_beam_size), translator.target_languages[0]
-    texts = [t for t in (args.corpus / "test.en").read_text(encoding="utf-8").splitlines() if t.strip()]
-    encoded = [translator.tokenizer.encode(t, target) for t in texts[: args.sentences]]  # a line, a sentence
+    texts = test_sentences(args.corpus, args.sentences)
+    encoded = [translator.tokenizer.encode(t, target) for t in texts]  # a line, a sentence
     sentences = [(ids, translator.search_options(len(ids), options)) for ids in encoded]  # the server's caps
     translator.warm_up()
     scheduler.start()

@@ -65,7 +65,10 @@ MODES = {  # server settings per mode
 }
 
 
-def sentences(corpus: Path, limit: int) -> list[str]:
+def sentences(corpus: Path, limit: int | None = None) -> list[str]:
+    """The test set's sentences, the first `limit` of them (None: all). The test set runs project by project: its
+    first 1,000 sentences are shorter than its last (target tokens p99 72 against 98 here), so a prefix is not a
+    sample of it."""
     path = corpus / "test.en"
     if not path.is_file():
         raise SystemExit(f"{path} not found: build the corpus first (python -m model_export.corpus build)")
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="int8,fp32")
     parser.add_argument("--clients", default="1,8,32,128")
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--sentences", type=int, help="the test set's first N (default: all of it)")
     parser.add_argument(
         "--rounds", type=int, default=1, help="repeat (engine alone, every mode, the engine again) this many times"
     )

@@ -17,10 +17,19 @@ from bench.server import (
     print_stages,
     print_summary,
     print_usage,
+    sentences,
     server_usage,
     usage_figures,
 )
 from model_export.evaluate import StaticBatches
+
+
+def test_the_load_is_the_whole_test_set_unless_a_prefix_is_asked_for(tmp_path: Path) -> None:
+    (tmp_path / "test.en").write_text("one\n\ntwo\n  \nthree\n", encoding="utf-8")
+    assert sentences(tmp_path) == ["one", "two", "three"]  # every non-blank line: the test set runs project by project
+    assert sentences(tmp_path, 2) == ["one", "two"]
+    with pytest.raises(SystemExit, match="build the corpus"):
+        sentences(tmp_path / "missing")
 
 
 def row(round_: int, tokens: float, one: float, p50: float, p99: float, errors: int = 0) -> dict:
