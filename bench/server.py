@@ -244,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     texts = sentences(args.corpus, args.sentences)
     machine = describe()
     print(headline(machine), flush=True)
+    load = f"{len(texts):,} lines of {args.corpus / 'test.en'}" + ("" if args.sentences is None else " (its first)")
+    print(f"load: {load}, a line a request", flush=True)
     rows = []
     for variant in args.variants.split(","):
         for round_ in range(1, args.rounds + 1):
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(rows)
     out = ROOT / "runs" / "bench" / "server.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
+    out.write_text(json.dumps({"machine": machine, "load": load, "rows": rows}, indent=2))
     return 0
 
 
