@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import describe, headline
-from bench.server import free_port, measure, sentences, start_server, stop_server
+from bench.server import SERVER_LOG, free_port, measure, sentences, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 # (key in bench.server's figures, label, whether lower is better)
@@ -36,10 +36,12 @@ FIGURES = (
 )
 
 
-def served(tree: Path, env: dict[str, str], texts: list[str], clients: int, seconds: float) -> dict[str, float]:
+def served(
+    tree: Path, env: dict[str, str], texts: list[str], clients: int, seconds: float, log: Path
+) -> dict[str, float]:
     """One run: a fresh server, 3 s of warm-up at this concurrency, then the measured window."""
     port = free_port()
-    process = start_server(tree / "models", port, env, tree)
+    process = start_server(tree / "models", port, env, tree, log)
     try:
         measure(port, process.pid, texts, clients, 3.0)
         return measure(port, process.pid, texts, clients, seconds)
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0, help="each run's measured window")
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en")
     parser.add_argument("--sentences", type=int, help="the test set's first N (default: all of it)")
+    parser.add_argument("--server-log", type=Path, default=SERVER_LOG, help="the servers' output, appended")
     args = parser.parse_args(argv)
     arms = {"A": (args.a.resolve(), environment(args.a_env)), "B": (args.b.resolve(), environment(args.b_env))}
     for name, (tree, _) in arms.items():
@@ -98,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     print(headline(describe()), flush=True)
     for name, (tree, env) in arms.items():
         print(f"{name}: {tree} {' '.join(f'{k}={v}' for k, v in env.items())}".rstrip(), flush=True)
+    print(f"the servers' output: {args.server_log}", flush=True)
 
     def run(arm: str) -> dict[str, float]:
-        figures = served(*arms[arm], texts, args.clients, args.seconds)
+        figures = served(*arms[arm], texts, args.clients, args.seconds, args.server_log)
         print(
             f"  {arm}: {figures['tokens_per_s']:,.0f} target tok/s, HTTP {figures['http_us_per_request']:,.0f} µs a "
             f"request, {figures['rows_per_step']:.1f} rows a step, first step {figures['join_ms']:.1f} ms, p50 "

@@ -31,7 +31,7 @@ import numpy as np
 from bench.load import Connection, run_load
 from bench.machine import describe, headline
 from bench.processes import rss_mb
-from bench.server import free_port, start_server, stop_server
+from bench.server import SERVER_LOG, free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "runs" / "bench" / "models"
@@ -304,7 +304,7 @@ def run(args: argparse.Namespace) -> dict:
     body = body_maker(bench_sentences())
     env = dict(item.split("=", 1) for item in args.server_env)
     port = free_port()
-    server = start_server(models_dir, port, env)
+    server = start_server(models_dir, port, env, log=SERVER_LOG)
     try:
         calibration = sustainable_rate(port, body, args.calibrate_seconds, args.clients)
         rate = calibration["requests_per_s"]

@@ -81,25 +81,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_LOG = ROOT / "runs" / "bench" / "server.log"  # where the benchmarks' servers write their log lines
+
+
 def start_server(
-    models_dir: Path, port: int, env: dict[str, str], checkout: Path = ROOT
+    models_dir: Path, port: int, env: dict[str, str], checkout: Path = ROOT, log: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    """`python -m service` from `checkout` (its code; this one by default) on `models_dir`, ready to serve."""
-    environment = {**os.environ, "MT_MODELS_DIR": str(models_dir), "MT_LOG_LEVEL": "WARNING", **env}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)], env=environment, cwd=checkout
-    )
+    """`python -m service` from `checkout` (its code; this one by default) on `models_dir`, ready to serve, with
+    the server's own defaults but for `env` (its log level too: at INFO a line a request, part of what is
+    measured); its output appended to `log` (None: ours)."""
+    environment = {**os.environ, "MT_MODELS_DIR": str(models_dir), **env}
+    output = None
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        output = log.open("ab")
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)],
+            env=environment,
+            cwd=checkout,
+            stdout=output,
+            stderr=subprocess.STDOUT if output else None,
+        )
+    finally:
+        if output is not None:
+            output.close()  # the server holds its own descriptor
+    seen = f" (its output: {log})" if log is not None else ""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"the server in {checkout} exited with status {process.returncode}")
+            raise SystemExit(f"the server in {checkout} exited with status {process.returncode}{seen}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
                 return process
         except httpx.TransportError:
             time.sleep(0.2)
     process.kill()
-    raise SystemExit(f"the server in {checkout} did not become ready")
+    raise SystemExit(f"the server in {checkout} did not become ready{seen}")
 
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:
@@ -238,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engine-seconds", type=float, default=10.0, help="the engine alone's measured window, after a warm-up pass"
     )
+    parser.add_argument("--server-log", type=Path, default=SERVER_LOG, help="the servers' output, appended")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -245,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = describe()
     print(headline(machine), flush=True)
     load = f"{len(texts):,} lines of {args.corpus / 'test.en'}" + ("" if args.sentences is None else " (its first)")
-    print(f"load: {load}, a line a request", flush=True)
+    print(f"load: {load}, a line a request; the servers' output: {args.server_log}", flush=True)
     rows = []
     for variant in args.variants.split(","):
         for round_ in range(1, args.rounds + 1):
@@ -299,7 +318,7 @@ def serve_mode(args: argparse.Namespace, texts: list[str], variant: str, mode: s
     """One server in `mode`, measured at each client count."""
     rows = []
     port = free_port()
-    server = start_server(args.models_dir, port, {"MT_VARIANT": variant, **MODES[mode]})
+    server = start_server(args.models_dir, port, {"MT_VARIANT": variant, **MODES[mode]}, log=args.server_log)
     try:
         for clients in (int(c) for c in args.clients.split(",")):
             rows.append({"variant": variant, "mode": mode, **measure(port, server.pid, texts, clients, args.seconds)})

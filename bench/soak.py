@@ -32,7 +32,7 @@ from bench.overload import (
     open_loop,
     sustainable_rate,
 )
-from bench.server import free_port, start_server, stop_server
+from bench.server import SERVER_LOG, free_port, start_server, stop_server
 
 MAX_GROWTH = 0.05
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print(headline(machine), flush=True)
     models_dir = bench_models_dir(args.models_dir, args.bench_model)
     port = free_port()
-    server = start_server(models_dir, port, dict(item.split("=", 1) for item in args.server_env))
+    server = start_server(models_dir, port, dict(item.split("=", 1) for item in args.server_env), log=SERVER_LOG)
     try:
         rate = args.rate
         if rate is None:

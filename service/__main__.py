@@ -20,11 +20,19 @@ from service.metrics import Metrics
 from service.settings import Settings
 from service.translator import load_translators
 
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"
+
 
 def configure_logging(level: str) -> None:
+    """Log lines to stderr, each with its request id. A LogRecord leaves out what LOG_FORMAT does not print (the
+    logging HOWTO's "Optimization"): the caller's file and line (a walk up the stack), the thread, the process and
+    its multiprocessing name; a request's line, warm, 9.4 -> 7.3 us. At INFO (the default) every request logs a
+    line: in the server at 32 clients ~45 us of the HTTP process's CPU a request (README, Performance)."""
+    logging._srcfile = None  # type: ignore[attr-defined]  # no findCaller
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 

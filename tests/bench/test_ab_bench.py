@@ -49,8 +49,11 @@ def test_the_same_arm_twice_is_refused() -> None:
 def test_a_pair_of_real_servers_on_the_shipped_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "test.en").write_text("Open the file.\nSave your changes before closing.\nPrint the page.\n")
     args = ["--b-env", "MT_BATCHING=static", "--pairs", "1", "--clients", "2", "--seconds", "1"]
-    assert main([*args, "--corpus", str(tmp_path)]) == 0
+    log = tmp_path / "servers.log"
+    assert main([*args, "--corpus", str(tmp_path), "--server-log", str(log)]) == 0
     out = capsys.readouterr().out
+    # the servers ran with their own log level (INFO: a line a request, part of what is measured), into the file
+    assert log.read_text().count("POST /translate 200") >= 2 and "Application startup complete" in log.read_text()
     runs = [line for line in out.splitlines() if line.startswith(("  A: ", "  B: "))]
     assert [line[2] for line in runs] == ["A", "B"] and all("errors 0" in line for line in runs)
     table = out[out.index("| figure |") :].splitlines()
