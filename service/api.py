@@ -157,11 +157,14 @@ class BodyGuard:
 
 
 class RequestContext:
-    """Pure ASGI middleware: request id (X-Request-ID in and out), access log, HTTP metrics, body size and
-    body time limits."""
+    """Pure ASGI middleware: request id (X-Request-ID in and out), access log (`access_log`), HTTP metrics, body
+    size and body time limits."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int, body_timeout: float) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: Metrics, max_body_bytes: int, body_timeout: float, access_log: bool = True
+    ) -> None:
         self.app, self.metrics, self.max_body_bytes, self.body_timeout = app, metrics, max_body_bytes, body_timeout
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -195,7 +198,8 @@ class RequestContext:
             elapsed = time.perf_counter() - started
             self.metrics.http_requests.labels(path, scope["method"], str(status[0])).inc()
             self.metrics.http_duration.labels(path).observe(elapsed)
-            log.info("%s %s %d %.1fms", scope["method"], scope["path"], status[0], elapsed * 1000)
+            if self.access_log:
+                log.info("%s %s %d %.1fms", scope["method"], scope["path"], status[0], elapsed * 1000)
             request_id.reset(token)
 
 
@@ -429,6 +433,7 @@ def create_app(
         metrics=metrics,
         max_body_bytes=settings.max_body_bytes,
         body_timeout=settings.body_timeout_seconds,
+        access_log=settings.access_log,
     )
     return app
 

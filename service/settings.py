@@ -175,6 +175,9 @@ class Settings(BaseSettings):
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="CORS off when empty")
     log_level: str = "INFO"
+    access_log: bool = Field(
+        default=True, description="a line a request at INFO (method, path, status, ms); false: none, other logs kept"
+    )
 
     @field_validator("models", "providers", "api_keys", "metadata_api_keys", "cors_origins", mode="before")
     @classmethod

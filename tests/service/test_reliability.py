@@ -487,6 +487,20 @@ def test_api_keys_never_reach_the_logs(model_dir: Path, caplog: pytest.LogCaptur
     assert key not in logged and wrong not in logged  # ...but never their keys
 
 
+def test_the_access_log_can_be_turned_off_alone(model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    with TestClient(create_app(settings_for(model_dir, access_log=False))) as c:
+        assert c.post("/translate", json=NORMAL).status_code == 200
+        assert c.post("/translate", json={**NORMAL, "beam_size": 0}).status_code == 422
+    lines = [r.getMessage() for r in caplog.records if r.name == "service.api"]
+    assert not [line for line in lines if line.startswith(("POST /translate", "GET "))]  # no access lines
+    assert any(r.levelno == logging.INFO and r.name != "service.api" for r in caplog.records)  # INFO logs still on
+    caplog.clear()
+    with TestClient(create_app(settings_for(model_dir))) as c:  # the default: a line a request
+        assert c.post("/translate", json=NORMAL).status_code == 200
+    assert any(r.getMessage().startswith("POST /translate 200 ") for r in caplog.records)
+
+
 def test_metadata_routes_can_need_a_key(model_dir: Path) -> None:
     with TestClient(create_app(settings_for(model_dir))) as open_server:  # the default: open, for Prometheus
         assert open_server.get("/metrics").status_code == 200 and open_server.get("/v1/models").status_code == 200
