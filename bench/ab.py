@@ -4,10 +4,11 @@ On a shared machine a run moves by 10-20 % from one minute to the next (README, 
 changes are worth; what survives that is the same load on A and B alternating, many times, A first in one pair and
 B first in the next. Each arm is a checkout of this project (its own `service/` and `models/`; the current
 interpreter runs both) and extra environment variables; each run starts a fresh server, warms it, measures a
-window with `bench.server`'s load generator and stops it. Prints a line per run, then the means of both arms,
-their ratio and in how many pairs B came out ahead, for throughput, the HTTP process's CPU per request, rows per
-step, a sentence's wait for its first step and the latencies. The change table's side-by-side figures are runs of
-this.
+window with `bench.server`'s load generator and stops it. Prints a line per run, then, for throughput, the HTTP
+process's CPU per request, rows per step, a sentence's wait for its first step and the latencies: the means of
+both arms, their ratio, the median ratio within a pair, in how many pairs B came out ahead, and a sign test over
+the pairs (how likely so uneven a split is by chance: 4 pairs cannot go below p 0.125, 6 below 0.031). The change
+table's side-by-side figures are runs of this.
     python -m bench.ab --a ../before --b .                                  # two checkouts, 6 pairs at 32 clients
     python -m bench.ab --a . --b . --b-env MT_PIN_CORES=false --pairs 4     # one checkout, two settings
 """
@@ -15,9 +16,11 @@ this.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,14 +52,40 @@ def served(
         stop_server(process)
 
 
-def summary(a: list[dict[str, float]], b: list[dict[str, float]]) -> list[tuple[str, float, float, float, int]]:
-    """Per figure: (label, mean of A, mean of B, B / A, pairs in which B did better)."""
+class Row(NamedTuple):
+    """One figure of the summary."""
+
+    label: str
+    a: float  # mean of A's runs
+    b: float  # mean of B's runs
+    ratio: float  # B's mean / A's
+    pair_ratio: float  # median of each pair's B / A: one bad minute moves it less than the means
+    better: int  # pairs in which B did better
+    decided: int  # pairs that were not ties
+    p: float  # two-sided sign test: how often `better` of `decided` (or a split as far from even) comes by chance
+
+
+def summary(a: list[dict[str, float]], b: list[dict[str, float]]) -> list[Row]:
+    """Per figure: the arms' means, their ratio, the median ratio within a pair, the pairs in which B did better
+    (lower being better for costs and latencies) and a sign test over the pairs."""
     rows = []
     for key, label, lower_is_better in FIGURES:
-        xa, xb = np.array([r[key] for r in a]), np.array([r[key] for r in b])
+        xa, xb = np.array([r[key] for r in a]), np.array([r[key] for r in b])  # (pairs,) each
         better = int(np.sum(xb < xa if lower_is_better else xb > xa))
-        rows.append((label, float(xa.mean()), float(xb.mean()), float(xb.mean() / xa.mean()), better))
+        decided = int(np.sum(xb != xa))
+        ratio, pair_ratio = float(xb.mean() / xa.mean()), float(np.median(xb / xa))
+        means = float(xa.mean()), float(xb.mean())
+        rows.append(Row(label, *means, ratio, pair_ratio, better, decided, sign_test(better, decided)))
     return rows
+
+
+def sign_test(wins: int, trials: int) -> float:
+    """Two-sided exact sign test: the chance of a split at least as uneven as `wins` of `trials` when either arm is
+    as likely to win a pair (1.0 for no trials). Four pairs cannot go below 0.125, six below 0.031."""
+    if not trials:
+        return 1.0
+    tail = min(wins, trials - wins)
+    return min(1.0, 2 * sum(math.comb(trials, k) for k in range(tail + 1)) / 2**trials)
 
 
 def alternate(pairs: int, run: Callable[[str], dict[str, float]]) -> dict[str, list[dict[str, float]]]:
@@ -115,9 +144,15 @@ def main(argv: list[str] | None = None) -> int:
 
     results = alternate(args.pairs, run)
     print(f"\n{args.pairs} pairs of {args.seconds:g} s at {args.clients} clients, A and B alternating")
-    print("| figure | A, mean | B, mean | B ÷ A | pairs where B did better |\n|---|---:|---:|---:|---:|")
-    for label, a, b, ratio, better in summary(results["A"], results["B"]):
-        print(f"| {label} | {a:,.1f} | {b:,.1f} | {ratio:.3f} | {better} of {args.pairs} |")
+    print(
+        "| figure | A, mean | B, mean | B ÷ A | B ÷ A in a pair, median | pairs where B did better | p, sign test |\n"
+        "|---|---:|---:|---:|---:|---:|---:|"
+    )
+    for row in summary(results["A"], results["B"]):
+        print(
+            f"| {row.label} | {row.a:,.1f} | {row.b:,.1f} | {row.ratio:.3f} | {row.pair_ratio:.3f} "
+            f"| {row.better} of {args.pairs} | {row.p:.3f} |"
+        )
     return 0
 
 
