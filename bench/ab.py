@@ -73,9 +73,9 @@ def summary(a: list[dict[str, float]], b: list[dict[str, float]]) -> list[Row]:
         xa, xb = np.array([r[key] for r in a]), np.array([r[key] for r in b])  # (pairs,) each
         better = int(np.sum(xb < xa if lower_is_better else xb > xa))
         decided = int(np.sum(xb != xa))
-        ratio, pair_ratio = float(xb.mean() / xa.mean()), float(np.median(xb / xa))
-        means = float(xa.mean()), float(xb.mean())
-        rows.append(Row(label, *means, ratio, pair_ratio, better, decided, sign_test(better, decided)))
+        mean_a, mean_b, pair_ratio = float(xa.mean()), float(xb.mean()), float(np.median(xb / xa))
+        p = sign_test(better, decided)
+        rows.append(Row(label, mean_a, mean_b, mean_b / mean_a, pair_ratio, better, decided, p))
     return rows
 
 
