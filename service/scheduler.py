@@ -131,6 +131,13 @@ class SentenceJob:
     def reserved_tokens(self) -> int:
         return self.options.beam_size * (len(self.src_ids) + self.options.max_new_tokens)
 
+    def drop_early(self) -> None:
+        """Its early encoder pass will not be used: cancelled, so that the encoder thread skips it if it has not
+        started it yet."""
+        if self.early is not None:
+            self.early.memory.cancel()
+            self.early = None
+
 
 @dataclass
 class Encoding:
@@ -264,8 +271,14 @@ class Waiting:
     rows: dict[int, int] = field(default_factory=dict)  # stream -> rows held
 
     def keep(self, alive: Callable[[SentenceJob], bool]) -> None:
-        """Drop the jobs `alive` rejects, in place (the deque is shared); call with the lock held."""
-        kept = [job for job in self.jobs if alive(job)]
+        """Drop the jobs `alive` rejects, in place (the deque is shared), and their early passes; call with the
+        lock held."""
+        kept = []
+        for job in self.jobs:
+            if alive(job):
+                kept.append(job)
+            else:
+                job.drop_early()
         self.jobs.clear()
         self.jobs.extend(kept)
 
@@ -343,8 +356,9 @@ class Scheduler:
         """(Under the lock, as the jobs are queued.) Start their encoder passes now, one per length bucket, rather
         than when the worker admits them, up to a step later: with one decoding stream and a short queue they will be
         admitted at its next iteration, whose newcomers then find their passes done or nearly. The worker takes an
-        early pass when it admits the whole of its bucket at once (else it encodes them again: a request's
-        sentences split by the row or token limits)."""
+        early pass when it admits the whole of its bucket at once; else (a request's sentences split by the row or
+        token limits) it encodes them again as they are admitted, and cancels the early pass, which the encoder
+        thread then skips unless it has started it."""
         for bucket in self._buckets(jobs):
             encoding = self._encoding(bucket)
             for job in bucket:
@@ -498,7 +512,7 @@ class Scheduler:
             while self.waiting and rows < share:
                 job = self.waiting[0]
                 if not self._alive(job.ticket, now):  # expired or abandoned since the last scan
-                    self.waiting.popleft()
+                    self.waiting.popleft().drop_early()
                     continue
                 beam = job.options.beam_size
                 if rows + beam > self.limits.max_rows or tokens + job.reserved_tokens > self.limits.max_tokens:
@@ -535,7 +549,10 @@ class Scheduler:
         self.encoding += taken
         started = {id(job) for encoding in taken for job in encoding.jobs}
         for job in jobs:
-            job.early = None  # the pass is the batch's now, or not used
+            if id(job) in started:
+                job.early = None  # the pass is the batch's now
+            else:
+                job.drop_early()  # its bucket was split: encoded again below
         self.encoding += [self._encoding(b) for b in self._buckets([j for j in jobs if id(j) not in started])]
 
     def _encoding(self, bucket: list[SentenceJob]) -> Encoding:

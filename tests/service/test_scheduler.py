@@ -389,6 +389,51 @@ def test_a_bucket_admitted_in_parts_is_encoded_again_and_a_long_queue_waits_for_
     assert all(t.results == [alone([3 + i, 4, 5, EOS], GREEDY)] for i, t in enumerate(tickets))
 
 
+def _stepping_with_a_held_pass(max_rows: int) -> tuple[Scheduler, GatedRuntime, Ticket, Ticket]:
+    """A long sentence stepping (so the worker never waits for a pass), then a request whose early pass the encoder
+    thread has started and holds at the closed gate: what is queued next waits in the thread's queue."""
+    scheduler, runtime = overlapping(max_rows)
+    first = submit(scheduler, [[3, 4, 5, 6, EOS]], LONG)
+    scheduler.run_once()  # encoded (the gate is open), joined, stepping
+    runtime.gate.clear()
+    held = submit(scheduler, [[5, 6, 7, EOS]], GREEDY)  # a short queue: its early pass starts at once
+    deadline = time.monotonic() + 10
+    while len(runtime.encoder_threads) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(runtime.encoder_threads) == 2 and runtime.encoder_calls == [1]
+    return scheduler, runtime, first, held
+
+
+def test_an_early_pass_whose_bucket_is_admitted_in_parts_is_cancelled_before_it_runs() -> None:
+    scheduler, runtime, first, held = _stepping_with_a_held_pass(max_rows=3)
+    srcs = [[3, 9, 4, EOS], [8, 3, 5, 6, EOS]]
+    split = submit(scheduler, srcs, GREEDY)  # one bucket: its early pass queued behind the held one
+    scheduler.run_once()  # admits the held one and the bucket's first sentence (3 rows): the bucket is split
+    assert [len(e.jobs) for e in scheduler.encoding] == [1, 1] and len(scheduler.waiting) == 1
+    runtime.gate.set()
+    drain(scheduler)
+    # the long one, the held one, the bucket's first sentence alone (its bucket's early pass, cancelled, is not
+    # merged into that pass), then its second sentence; before, the unused early pass ran: [1, 1, 3, 1]
+    assert runtime.encoder_calls == [1, 1, 1, 1]
+    assert split.results == [alone(s, GREEDY) for s in srcs]
+    assert first.error is None and held.results == [alone([5, 6, 7, EOS], GREEDY)]
+
+
+def test_a_cancelled_requests_early_pass_is_skipped_when_it_has_not_started() -> None:
+    scheduler, runtime, first, held = _stepping_with_a_held_pass(max_rows=64)
+    gone = submit(scheduler, [[3, 9, 4, EOS], [8, 3, 5, 6, EOS]], GREEDY)  # queued behind the held pass
+    kept = submit(scheduler, [[7, 7, 4, EOS]], GREEDY)
+    scheduler.cancel(gone)
+    scheduler.run_once()  # the queue's scan drops the cancelled request; the others are admitted
+    runtime.gate.set()
+    drain(scheduler)
+    # the long one, the held one, the one kept; the cancelled one's pass skipped (before: [1, 1, 3], merged)
+    assert runtime.encoder_calls == [1, 1, 1]
+    assert held.results == [alone([5, 6, 7, EOS], GREEDY)] and kept.results == [alone([7, 7, 4, EOS], GREEDY)]
+    assert first.error is None and gone.results == [None, None]
+    assert scheduler.metrics.cancelled.labels("fake")._value.get() == 1
+
+
 def test_greedy_newcomers_take_finished_rows_places_and_get_their_solo_results(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
