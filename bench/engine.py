@@ -4,7 +4,8 @@ output forced to 32 tokens so that every engine does the same work. Each engine 
 process (so its peak RSS is its own, and loading is not timed); the runs alternate between engines.
 
     python -m bench.engine paper     # paper-size Marian-shaped model, random weights (fixed seed)
-    python -m bench.engine default   # the shipped default model: the same workload, then real text
+    python -m bench.engine default   # the shipped default model: the same workload, then real text (in
+                                     # batches of 32, then each sentence alone: its latency's p50 and p99)
     python -m bench.engine paper --device cuda   # on the GPU: ours fp16 (and fp32), CTranslate2 float16,
                                                  # int8_float16 and float32, transformers fp16 and fp32
                                                  # (needs onnxruntime-gpu, CuPy, CUDA torch, CTranslate2)
@@ -185,11 +186,27 @@ def worker(kind: str, args: dict[str, Any], conn: Any) -> None:
         return
     conn.send(rss_mb("VmRSS"))  # resident once loaded (loading's own transient peak shows in the peaks)
     while (job := conn.recv()) is not None:
+        if job[0] == "alone":
+            conn.send(one_at_a_time(engine, job[1]))
+            continue
         sources, beam, batch, forced = job
         engine.translate(sources[:batch], beam, batch, forced)  # warm-up at this shape
         started = time.perf_counter()
         outputs = engine.translate(sources, beam, batch, forced)
         conn.send((time.perf_counter() - started, outputs, rss_mb()))
+
+
+def one_at_a_time(
+    engine: Ours | Transformers | CTranslate2, sources: list[list[int]]
+) -> tuple[list[float], list[list[int]]]:
+    """Each source translated alone (greedy, batch 1, the engine's own stopping): the seconds each took, and its
+    output."""
+    seconds, outputs = [], []
+    for source in sources:
+        started = time.perf_counter()
+        outputs += engine.translate([source], 1, 1, None)
+        seconds.append(time.perf_counter() - started)
+    return seconds, outputs
 
 
 class Engine:
@@ -213,6 +230,11 @@ class Engine:
         seconds, outputs, rss = self.conn.recv()
         tokens = sum(len(o) for o in outputs)
         return Result(self.name, setting.beam, setting.batch, setting.sentences, tokens, seconds, rss), outputs
+
+    def alone(self, sources: list[list[int]]) -> tuple[list[float], list[list[int]]]:
+        """one_at_a_time in the worker."""
+        self.conn.send(("alone", sources))
+        return self.conn.recv()
 
     def close(self) -> None:
         self.conn.send(None)
@@ -514,8 +536,9 @@ def memory_table(results: list[Result], loaded: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def real_text(engines: list[Engine], corpus: Path, rounds: int) -> str:
-    """The default model's test set, greedy, batch 32, each engine's own stopping: speed and BLEU/chrF."""
+def real_text(engines: list[Engine], corpus: Path, rounds: int, alone: int | None = None) -> str:
+    """The default model's test set, greedy, each engine's own stopping: in batches of 32 (speed and BLEU/chrF),
+    then its first `alone` sentences (default all; 0: none) one at a time (`alone_latencies`)."""
     import sacrebleu
 
     from service.model_folder import load_model_folder
@@ -540,7 +563,57 @@ def real_text(engines: list[Engine], corpus: Path, rounds: int) -> str:
             if engine.name not in rows or speed > rows[engine.name][2]:
                 bleu = sacrebleu.corpus_bleu(texts, [references]).score
                 rows[engine.name] = (bleu, sacrebleu.corpus_chrf(texts, [references]).score, speed)
-    return real_text_table(rows)
+    text = "Real text: the default model's test set, greedy, batch 32\n" + real_text_table(rows)
+    if alone == 0:
+        return text
+    latencies = alone_latencies(engines, ids[:alone], eos)
+    count = len(next(iter(latencies.values()))[0])
+    which = "the whole test set" if alone is None else f"the test set's first {count:,} sentences"
+    heading = f"Real text, one sentence at a time: {which}, greedy, batch 1"
+    return f"{text}\n\n{heading}\n{latency_table(latencies)}"
+
+
+ALONE_BLOCK = 100  # sentences one engine translates alone before the next takes its turn
+ALONE_WARM_UP = 16  # sentences each engine translates alone, untimed, first
+
+
+def alone_latencies(
+    engines: list[Engine], sources: list[list[int]], eos: int, block: int = ALONE_BLOCK
+) -> dict[str, tuple[list[float], int]]:
+    """Every source translated alone by every engine of one stream (the others split batches, and a batch of one
+    does not split), in the sources' order, the engines taking turns a block at a time (the order rotating each
+    block) after a warm-up: engine -> (each sentence's seconds, target tokens without eos)."""
+    single = [engine for engine in engines if engine.streams == 1]
+    for engine in single:
+        engine.alone(sources[:ALONE_WARM_UP])
+    rows: dict[str, tuple[list[float], int]] = {engine.name: ([], 0) for engine in single}
+    for turn, start in enumerate(range(0, len(sources), block)):
+        for engine in single[turn % len(single) :] + single[: turn % len(single)]:
+            seconds, outputs = engine.alone(sources[start : start + block])
+            done, tokens = rows[engine.name]
+            rows[engine.name] = (done + seconds, tokens + sum(len([t for t in o if t != eos]) for o in outputs))
+    return rows
+
+
+def latency_table(rows: dict[str, tuple[list[float], int]], reference: str = "ours-int8") -> str:
+    """`alone_latencies`' rows, fastest first: a sentence's latency (ms) at p50, p95 and p99, p99 ÷ p50 (how far
+    the test set's lengths spread the latencies of one engine with nothing else running), the mean, target tok/s,
+    and how many times faster `reference` (in the same layout) is on average."""
+    lines = [
+        "| engine | p50 ms | p95 ms | p99 ms | p99 ÷ p50 | mean ms | target tok/s "
+        f"| {reference} (same layout) ÷ this |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    means = {name: float(np.mean(seconds)) for name, (seconds, _) in rows.items()}
+    for name, (seconds, tokens) in sorted(rows.items(), key=lambda kv: means[kv[0]]):
+        p50, p95, p99 = (1000 * float(np.percentile(seconds, q)) for q in (50, 95, 99))
+        ours = means.get(same_layout(name, reference))
+        ratio = f"{means[name] / ours:.2f}" if ours else "-"
+        lines.append(
+            f"| {name} | {p50:.2f} | {p95:.2f} | {p99:.2f} | {p99 / p50:.2f} | {1000 * means[name]:.2f} "
+            f"| {tokens / sum(seconds):,.0f} | {ratio} |"
+        )
+    return "\n".join(lines)
 
 
 def real_text_table(rows: dict[str, tuple[float, float, float]], reference: str = "ours-int8") -> str:
@@ -568,6 +641,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="default: real-text run")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every engine on the GPU")
     parser.add_argument("--skip-forced", action="store_true", help="default: only the real-text run")
+    parser.add_argument(
+        "--alone-sentences",
+        type=int,
+        help="the real-text run's second part, each sentence alone on every engine of one stream: its first N"
+        " sentences (default: the whole test set; 0: none)",
+    )
     args = parser.parse_args(argv)
     machine = describe(args.device)
     print(headline(machine), flush=True)
@@ -585,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = start_engines(base, which, args.device)
     try:
         results = [] if args.skip_forced else benchmark(engines, sources, settings, args.rounds)
-        real = real_text(engines, args.corpus, args.rounds) if real_text_run else ""
+        real = real_text(engines, args.corpus, args.rounds, args.alone_sentences) if real_text_run else ""
     finally:
         for engine in engines:
             engine.close()
@@ -595,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nEach in its fastest layout\n" + best_layouts(results, "ours-int8", "ct2-int8"))
     print("\nMemory\n" + memory_table(results, loaded))
     if real:
-        print("\nReal text: the default model's test set, greedy, batch 32\n" + real)
+        print("\n" + real)
     out = WORK / f"engine-{args.model}{'-cuda' if args.device == 'cuda' else ''}.json"
     result = {"machine": machine, "results": [asdict(r) for r in results], "loaded_rss_mb": loaded}
     out.write_text(json.dumps(result, indent=2))

@@ -11,8 +11,10 @@ from bench.engine import (
     THREADS,
     Engine,
     Setting,
+    alone_latencies,
     benchmark,
     best_layouts,
+    latency_table,
     memory_table,
     real_text_table,
     split_layout,
@@ -66,6 +68,41 @@ def test_real_text_ratios_set_each_layout_against_ours_in_it() -> None:
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| ct2-int8@1x1", "| ours-int8@1x1", "| ct2-int8"]
     assert lines[2].endswith("| 10,000 | 0.80 |") and lines[3].endswith("| 8,000 | 1.00 |")
     assert lines[4].endswith("| 5,000 | - |")  # no plain ours-int8 in this run: no ratio, not nan
+
+
+def test_each_sentence_alone_is_timed_on_every_engine_of_one_stream(model_dir: Path) -> None:
+    engines = [
+        Engine("ours-int8", "ours", folder=model_dir, variant="fp32"),
+        Engine("ours-fp32", "ours", folder=model_dir, variant="fp32"),
+        Engine("ours-int8@2x1", "ours", folder=model_dir, variant="fp32", streams=2, threads=1),
+    ]
+    sources = [[5 + i % 7, 6, 7, 8, 9][: 2 + i % 4] + [3] for i in range(7)]
+    try:
+        rows = alone_latencies(engines, sources, eos=3, block=3)  # blocks of 3, 3 and 1, the engines taking turns
+        _, batched = engines[0].run(sources, Setting(beam=1, batch=1, sentences=7), None)
+    finally:
+        for engine in engines:
+            engine.close()
+    assert set(rows) == {"ours-int8", "ours-fp32"}  # a layout of two streams cannot split a batch of one
+    assert all(len(seconds) == 7 and min(seconds) > 0 for seconds, _ in rows.values())
+    assert rows["ours-int8"][1] == sum(len([t for t in o if t != 3]) for o in batched)  # tokens without eos
+    lines = latency_table(rows).splitlines()
+    assert len(lines) == 4 and all(line.count("|") == 9 for line in lines)
+
+
+def test_the_latency_table_gives_percentiles_their_spread_and_ratios_by_layout() -> None:
+    rows = {
+        "ct2-int8@1x1": ([0.002] * 50 + [0.020] * 50, 500),  # p50 11 ms (between the halves), p99 20
+        "ours-int8@1x1": ([0.001] * 98 + [0.010] * 2, 200),
+        "ct2-int8": ([0.004] * 100, 300),
+    }
+    lines = latency_table(rows).splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| ours-int8@1x1", "| ct2-int8", "| ct2-int8@1x1"]
+    ours = lines[2].split(" | ")
+    assert ours[1:4] == ["1.00", "1.00", "10.00"] and ours[4] == "10.00"  # p50, p95, p99 ms; p99 ÷ p50
+    assert ours[5:7] == ["1.18", "1,695"] and lines[2].endswith("| 1.00 |")  # mean ms; tok/s: 200 / 0.118 s
+    assert lines[3].endswith("| 4.00 | 750 | - |")  # mean ms, tok/s; no plain ours-int8 here: no ratio
+    assert lines[4].endswith("| 9.32 |")  # its mean 11 ms against ours' 1.18 ms in the same layout
 
 
 def test_layouts_split_the_threads_between_streams() -> None:
