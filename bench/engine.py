@@ -567,6 +567,8 @@ def real_text(engines: list[Engine], corpus: Path, rounds: int, alone: int | Non
     if alone == 0:
         return text
     latencies = alone_latencies(engines, ids[:alone], eos)
+    if not latencies:
+        return f"{text}\n\nNo engine of one stream in this run: no one-at-a-time table (a batch of one does not split)"
     count = len(next(iter(latencies.values()))[0])
     which = "the whole test set" if alone is None else f"the test set's first {count:,} sentences"
     heading = f"Real text, one sentence at a time: {which}, greedy, batch 1"
@@ -648,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         " sentences (default: the whole test set; 0: none)",
     )
     args = parser.parse_args(argv)
+    if args.alone_sentences is not None and args.alone_sentences < 0:
+        parser.error("--alone-sentences: a count of sentences, 0 or more")
     machine = describe(args.device)
     print(headline(machine), flush=True)
     which = (args.engines or (GPU_ENGINES if args.device == "cuda" else CPU_ENGINES)).split(",")
