@@ -467,8 +467,7 @@ def benchmark(engines: list[Engine], sources: list[list[int]], settings: list[Se
     best: dict[tuple[str, int, int], Result] = {}
     for setting in settings:
         for round_ in range(rounds):
-            order = engines[round_ % len(engines) :] + engines[: round_ % len(engines)]
-            for engine in order:
+            for engine in rotated(engines, round_):
                 if setting.batch % engine.streams:
                     continue  # a batch too small to split: the engine without a layout is that setting's figure
                 result, outputs = engine.run(sources, setting, FORCED)
@@ -553,9 +552,9 @@ def real_text(engines: list[Engine], corpus: Path, rounds: int, alone: int | Non
     setting = Setting(beam=1, batch=32, sentences=len(ids))
     rows: dict[str, tuple[float, float, float]] = {}
     for round_ in range(rounds):
-        for engine in engines[round_ % len(engines) :] + engines[: round_ % len(engines)]:
+        for engine in rotated(engines, round_):
             result, outputs = engine.run([ids[i] for i in order], setting, None)
-            tokens = sum(len([t for t in o if t != eos]) for o in outputs)
+            tokens = target_tokens(outputs, eos)
             texts = [""] * len(ids)
             for i, output in zip(order, outputs, strict=True):
                 texts[i] = tokenizer.decode(output)
@@ -569,8 +568,7 @@ def real_text(engines: list[Engine], corpus: Path, rounds: int, alone: int | Non
     latencies = alone_latencies(engines, ids[:alone], eos)
     if not latencies:
         return f"{text}\n\nNo engine of one stream in this run: no one-at-a-time table (a batch of one does not split)"
-    count = len(next(iter(latencies.values()))[0])
-    which = "the whole test set" if alone is None else f"the test set's first {count:,} sentences"
+    which = "the whole test set" if alone is None else f"the test set's first {min(alone, len(ids)):,} sentences"
     heading = f"Real text, one sentence at a time: {which}, greedy, batch 1"
     return f"{text}\n\n{heading}\n{latency_table(latencies)}"
 
@@ -588,13 +586,26 @@ def alone_latencies(
     single = [engine for engine in engines if engine.streams == 1]
     for engine in single:
         engine.alone(sources[:ALONE_WARM_UP])
-    rows: dict[str, tuple[list[float], int]] = {engine.name: ([], 0) for engine in single}
+    seconds: dict[str, list[float]] = {engine.name: [] for engine in single}
+    tokens = dict.fromkeys(seconds, 0)
     for turn, start in enumerate(range(0, len(sources), block)):
-        for engine in single[turn % len(single) :] + single[: turn % len(single)]:
-            seconds, outputs = engine.alone(sources[start : start + block])
-            done, tokens = rows[engine.name]
-            rows[engine.name] = (done + seconds, tokens + sum(len([t for t in o if t != eos]) for o in outputs))
-    return rows
+        for engine in rotated(single, turn):
+            taken, outputs = engine.alone(sources[start : start + block])
+            seconds[engine.name] += taken
+            tokens[engine.name] += target_tokens(outputs, eos)
+    return {name: (seconds[name], tokens[name]) for name in seconds}
+
+
+def rotated(engines: list[Engine], turn: int) -> list[Engine]:
+    """The engines in the order of this turn: the first one moves to the end at each turn, so that none always
+    runs first (after a rest) or last."""
+    shift = turn % len(engines) if engines else 0
+    return engines[shift:] + engines[:shift]
+
+
+def target_tokens(outputs: list[list[int]], eos: int) -> int:
+    """The target tokens of these outputs, eos left out (each engine's own stopping: some give it, some not)."""
+    return sum(len([t for t in output if t != eos]) for output in outputs)
 
 
 def latency_table(rows: dict[str, tuple[list[float], int]], reference: str = "ours-int8") -> str:

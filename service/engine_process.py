@@ -373,7 +373,8 @@ class MetricsRecorder:
 
     def __getattr__(self, name: str) -> _Family:
         family = _Family(self, name)
-        setattr(self, name, family)  # found without __getattr__ from now on (its own names start with _ but take)
+        # found without __getattr__ from now on; no metric's name starts with _, as the recorder's own methods' do
+        setattr(self, name, family)
         return family
 
     def _observe(self, key: tuple[str, tuple[str, ...], str], value: float) -> None:
