@@ -98,7 +98,8 @@ class Ours:
         from service.decoding import SearchOptions
         from service.engine import decode_batches
 
-        options = SearchOptions(beam_size=beam, max_new_tokens=forced or 256, min_new_tokens=forced or 0)
+        # no scores, as CTranslate2's translate_batch by default (its greedy search then skips the log-softmax too)
+        options = SearchOptions(beam, forced or 256, min_new_tokens=forced or 0, scored=False)
         size = max(1, batch // self.streams)  # each stream's sub-batch
         chunks = [sources[start : start + size] for start in range(0, len(sources), size)]
         decoded = decode_batches(self.runtime, chunks, [[options] * len(c) for c in chunks], self.rules, self.streams)

@@ -86,7 +86,8 @@ class StaticBatches:
         order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
         size = max(1, batch_size // self.streams)
         batches = [order[start : start + size] for start in range(0, len(order), size)]
-        options = [[SearchOptions(beam_size, min(256, 2 * len(encoded[i]) + 10)) for i in b] for b in batches]
+        cap = [min(256, 2 * len(ids) + 10) for ids in encoded]
+        options = [[SearchOptions(beam_size, cap[i], scored=False) for i in b] for b in batches]  # the texts only
         translations, tokens = [""] * len(sources), 0
         started = time.perf_counter()
         sentences = [[encoded[i] for i in b] for b in batches]

@@ -25,16 +25,43 @@ from model_export.export import add_variant, fp32_copy
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504: the fp32 encoder's masking constant (fp32 min) becomes -65504
 FLOAT32_ROLES = {"log_probs", "top_log_probs"}  # outputs that stay float32
 SOFTMAX_INPUT_CAST = "logits_float32"
+LOG_SOFTMAX = "log_softmax"  # the step graph's input that turns its log-softmax on (format 8; see always_normalised)
 
 
 def fp16_name(file_name: str) -> str:
     return file_name.removesuffix(".onnx") + ".fp16.onnx"
 
 
+def always_normalised(graph: onnx.GraphProto) -> None:
+    """The step graph's If over its `log_softmax` input (format 8) replaced by the branch that normalises, and the
+    input dropped: the float16 step runs on GPUs, where the log-softmax costs little and an If's condition must be
+    read in host memory. It normalises at every step, as every step graph did before format 8."""
+    for index, node in enumerate(graph.node):
+        if node.op_type == "If" and node.input[0] == LOG_SOFTMAX:
+            branch = next(a.g for a in node.attribute if a.name == "then_branch")
+            names = dict(zip([o.name for o in branch.output], node.output, strict=True))
+            unfolded = []
+            for inner in branch.node:
+                copy = onnx.NodeProto()
+                copy.CopyFrom(inner)
+                copy.output[:] = [names.get(o, o) for o in inner.output]
+                copy.input[:] = [names.get(i, i) for i in inner.input]
+                unfolded.append(copy)
+            nodes = list(graph.node)
+            del graph.node[:]
+            graph.node.extend(nodes[:index] + unfolded + nodes[index + 1 :])
+            break
+    kept = [value for value in graph.input if value.name != LOG_SOFTMAX]
+    del graph.input[:]
+    graph.input.extend(kept)
+
+
 def to_half(model: onnx.ModelProto, keep_float32: set[str]) -> onnx.ModelProto:
     """float32 initializers (clipped to float16's range) and inputs/outputs become float16, except the outputs
-    named in `keep_float32`; LogSoftmax then reads its input cast to float32."""
+    named in `keep_float32`; LogSoftmax then reads its input cast to float32 (the step graph always normalises:
+    always_normalised)."""
     graph = model.graph
+    always_normalised(graph)
     for i, tensor in enumerate(graph.initializer):
         if tensor.data_type == TensorProto.FLOAT:
             values = np.clip(numpy_helper.to_array(tensor), -FP16_MAX, FP16_MAX).astype(np.float16)
@@ -62,6 +89,7 @@ def add_fp16_variant(folder_path: Path, make_default: bool = False) -> dict:
         name = fp16_name(spec["file"])
         onnx.save(to_half(onnx.load(folder.file(spec["file"])), keep), folder_path / name)
         spec["file"] = name
+        spec["inputs"] = [tensor for tensor in spec["inputs"] if tensor["role"] != LOG_SOFTMAX]  # always_normalised
         for tensor in spec["inputs"] + spec["outputs"]:
             if tensor["dtype"] == "float32" and tensor["name"] not in keep:
                 tensor["dtype"] = "float16"

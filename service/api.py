@@ -584,6 +584,7 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
         max_length=body.max_length,
         html=body.format == "html",
         timeout=body.timeout,
+        return_scores=body.return_scores,  # else greedy steps may skip the log-softmax
     )
 
 

@@ -24,17 +24,25 @@ class SearchOptions:
     length_penalty: float = 1.0
     n_best: int = 1  # hypotheses returned, best first; at most beam_size
     min_new_tokens: int = 0  # EOS is banned until this many tokens exist (as HF generate; benchmarks force lengths)
+    scored: bool = True  # the hypotheses' log-probabilities are read; a greedy search's are NaN without
 
 
 @dataclass(frozen=True)
 class Hypothesis:
     tokens: tuple[int, ...]  # generated ids, without the decoder start, with EOS if one was generated
     log_prob: float  # sum of the tokens' log-probabilities
-    score: float  # log_prob / len(tokens) ** length_penalty
+    score: float  # log_prob / len(tokens) ** length_penalty (NaN for a greedy search not `scored`)
 
 
 def _hypothesis(tokens: tuple[int, ...], log_prob: float, length_penalty: float) -> Hypothesis:
     return Hypothesis(tokens, log_prob, log_prob / len(tokens) ** length_penalty)
+
+
+def needs_log_probs(options: SearchOptions) -> bool:
+    """Whether a search reads its candidates' log-probabilities, not only their order: beams rank by them, a greedy
+    search sums them only when `scored`. A step that no search needs them of may skip the log-softmax (its
+    candidates' values are then logits)."""
+    return options.beam_size > 1 or options.scored
 
 
 def candidates(options: SearchOptions) -> int:
@@ -80,7 +88,8 @@ class GreedySearch:
         return self.done
 
     def results(self) -> list[Hypothesis]:
-        return [_hypothesis(tuple(self.tokens), self.log_prob, self.options.length_penalty)]
+        log_prob = self.log_prob if self.options.scored else math.nan  # its steps may have given it logits
+        return [_hypothesis(tuple(self.tokens), log_prob, self.options.length_penalty)]
 
 
 @dataclass

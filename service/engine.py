@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.decoding import GreedySearch, Hypothesis, Search, SearchOptions, candidates, new_search
+from service.decoding import GreedySearch, Hypothesis, Search, SearchOptions, candidates, needs_log_probs, new_search
 from service.runtime import Runtime
 
 
@@ -59,6 +59,12 @@ def candidates_needed(searches: list[Search]) -> int:
     if greedy_rows(searches):
         return candidates(searches[0].options)  # (all greedy: the common case of a continuous batch, checked fast)
     return max(candidates(s.options) for s in searches)
+
+
+def log_softmax_needed(searches: list[Search]) -> bool:
+    """Whether the next step must normalise its distribution: some search reads its candidates' log-probabilities
+    (`needs_log_probs`). Greedy rows whose requests asked for no scores let it skip the log-softmax."""
+    return any(needs_log_probs(s.options) for s in searches)
 
 
 def advance_all(
@@ -140,7 +146,7 @@ def decode_batch(
     live = list(searches)
     while live:
         input_ids = last_tokens(live)  # (B,)
-        out = runtime.step(input_ids, cache, candidates=candidates_needed(live))
+        out = runtime.step(input_ids, cache, candidates=candidates_needed(live), log_softmax=log_softmax_needed(live))
         order, rows = advance_all(live, out.top_log_probs, out.top_ids)
         cache.select(rows)
         live = [live[i] for i in order]

@@ -24,9 +24,12 @@ FORMAT = "transformer-mt-model"
 # `top_k` input says how many candidates per row it returns (3: always 19); 5: a second step graph, for batches whose
 # sentences have one row each, whose cross-attention reads each sentence's own source length (`decoder_step_ragged`,
 # optional); 6: a third step graph, for steps of one row, whose products read 8-bit weights in blocks
-# (`decoder_step_single`, optional, int8 variants). model_export writes FORMAT_VERSION (graph_io); the server reads
-# every format from OLDEST_FORMAT_VERSION on (service/runtime.py: step_candidates, OnnxRuntime).
-FORMAT_VERSION = 7
+# (`decoder_step_single`, optional, int8 variants); 7: GroupQueryAttention's lengths given (`seqlens_k`,
+# `total_sequence_length`); 8: the step graphs' `log_softmax` input says whether to normalise the distribution
+# (the fp16 variant's step graph, for GPUs, always does and has no such input). model_export writes FORMAT_VERSION
+# (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on (service/runtime.py: step_candidates,
+# OnnxRuntime).
+FORMAT_VERSION = 8
 OLDEST_FORMAT_VERSION = 3
 # a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5)
 # and one-row (format 6) step graphs

@@ -67,7 +67,8 @@ RAGGED_FILL = 0.5
 
 
 class StepOutput(NamedTuple):
-    top_log_probs: np.ndarray  # (B, K) each row's K best next-token log-probs, best first (pad/start excluded)
+    top_log_probs: np.ndarray  # (B, K) each row's K best next-token log-probs, best first (pad/start excluded);
+    # the logits, in the same order, from a step asked not to normalise (log_softmax=False) whose graph can skip it
     top_ids: np.ndarray  # (B, K) their token ids (K: the candidates asked for, or fewer if the graph has no more)
     log_probs: np.ndarray | None = None  # (B, V) the whole distribution, only when asked (verification)
 
@@ -84,6 +85,7 @@ class Binding:
     outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, width)[, log_probs (B, V)], bound
     per_step: tuple[tuple[str, np.ndarray], ...]  # (name, array): the inputs changed in place each step
     attention_lengths: tuple[np.ndarray, np.ndarray] | None  # seqlens_k (B,), total_sequence_length () int32, bound
+    log_softmax: np.ndarray | None  # () bool, bound (format 8): set by each step
 
     @property
     def ragged(self) -> bool:
@@ -105,10 +107,17 @@ class Runtime(Protocol):
         ...
 
     def step(
-        self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False, candidates: int = DEFAULT_CANDIDATES
+        self,
+        input_ids: np.ndarray,
+        cache: DecoderCache,
+        full: bool = False,
+        candidates: int = DEFAULT_CANDIDATES,
+        log_softmax: bool = True,
     ) -> StepOutput:
         """One token per row; the row's key and value of this step end up in `cache`, which counts the step.
-        `candidates`: the most any row's search takes (greedy 2, beam k 2k + 1); the graph may return more."""
+        `candidates`: the most any row's search takes (greedy 2, beam k 2k + 1); the graph may return more.
+        `log_softmax` False: no row needs log-probabilities, only the order of its candidates (greedy rows whose
+        scores nobody reads); the candidates' values may then be logits."""
         ...
 
 
@@ -181,7 +190,8 @@ def gpu_array_module(providers: list[str], cache_dtype: str, lengths_given: bool
     if not lengths_given:
         raise ModelFolderError(
             f"{where}: this float16 step graph (format 6 or older) translates wrong on CUDA: export the model folder "
-            "again with this version (format 7) and add its fp16 variant, or run variant fp32 with MT_PROVIDERS=cuda"
+            "again with this version (format 7 or later) and add its fp16 variant, or run variant fp32 with "
+            "MT_PROVIDERS=cuda"
         )
     try:
         import cupy
@@ -386,6 +396,7 @@ class OnnxRuntime:
         self._dec_top_k = dec.one("top_k") if self.candidates.chosen else None
         lengths = ("seqlens_k", "total_sequence_length")  # format 7: given, not computed in the graph
         self._dec_lengths = tuple(dec.one(role) for role in lengths) if dec.named("seqlens_k") else None
+        self._dec_log_softmax = dec.one("log_softmax") if dec.named("log_softmax") else None  # format 8, not fp16
         self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
         self.gpu = gpu_array_module(self.providers, self.cache_dtype, self._dec_lengths is not None, folder.path)
 
@@ -400,7 +411,12 @@ class OnnxRuntime:
         return Memory(keys, values)
 
     def step(
-        self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False, candidates: int = DEFAULT_CANDIDATES
+        self,
+        input_ids: np.ndarray,
+        cache: DecoderCache,
+        full: bool = False,
+        candidates: int = DEFAULT_CANDIDATES,
+        log_softmax: bool = True,
     ) -> StepOutput:
         """One token per row. The graph writes each row's key and value of this step into the cache's own buffers
         (bound as both its self_key_i input and its present_key_i output), then the cache counts the step. The
@@ -412,7 +428,9 @@ class OnnxRuntime:
         for one row (format 6) if it has one: the same outputs, its products over 8-bit weights in blocks, which
         ONNX Runtime reads faster for one row, and on a decoder whose weights stream from memory for a few (the
         paper-size model: 1.40x at 2 rows, 1.09x at 4, 0.95x at 6; the default model 0.96x at 2). The choice is
-        made when the cache's arrays are bound: rows, sentences and sources change only with a new binding."""
+        made when the cache's arrays are bound: rows, sentences and sources change only with a new binding.
+        `log_softmax` False (and not `full`): a graph of format 8 skips the log-softmax over the vocabulary, and
+        its candidates' values are the logits, in the same order; older graphs, and float16 ones, always normalise."""
         cache.make_room()  # a free slot per row, before the buffers are bound
         width = self.candidates.width(candidates)
         bound = cache.bound  # the cache drops it whenever the arrays it binds change
@@ -423,6 +441,8 @@ class OnnxRuntime:
             seqlens_k, total = bound.attention_lengths
             np.copyto(seqlens_k, cache.lengths, casting="unsafe")  # (B,) int32: each row's cached steps
             total[...] = seqlens_k.max() + 1  # () the longest row with this step
+        if bound.log_softmax is not None:
+            bound.log_softmax[...] = log_softmax or full  # ()
         if self._rebind_host_inputs:
             for name, array in bound.per_step:
                 bound.binding.host_input(name, array)  # copied to the GPU here, not at the run
@@ -478,6 +498,11 @@ class OnnxRuntime:
             for name, array in zip(self._dec_lengths, lengths, strict=True):
                 binding.host_input(name, array)
                 per_step.append((name, array))
+        log_softmax = None
+        if self._dec_log_softmax is not None:
+            log_softmax = np.ones((), np.bool_)  # () set by each step
+            binding.host_input(self._dec_log_softmax, log_softmax)
+            per_step.append((self._dec_log_softmax, log_softmax))
         for role, array in host_inputs:
             if not array.flags.c_contiguous:  # bound by reference: a contiguous copy would not see later updates
                 raise ValueError(f"{role} must be a contiguous array")
@@ -489,7 +514,8 @@ class OnnxRuntime:
             bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
         else:
             bind_host_cache(binding, self._dec_in, self._dec_present, cache, self._ragged_present if ragged else {})
-        return Binding(full, width, graph, binding, input_ids, tuple(outputs.values()), tuple(per_step), lengths)
+        outputs_bound = tuple(outputs.values())
+        return Binding(full, width, graph, binding, input_ids, outputs_bound, tuple(per_step), lengths, log_softmax)
 
     def _outputs(self, rows: int, full: bool, width: int) -> dict[str, np.ndarray]:
         """Host arrays for the step's outputs, by name, top_log_probs and top_ids first; log_probs only if `full`.

@@ -40,6 +40,7 @@ from service.engine import (
     decode_batch,
     greedy_rows,
     last_tokens,
+    log_softmax_needed,
     pad_batch,
     source_mask,
 )
@@ -630,7 +631,12 @@ class Scheduler:
         greedy = greedy_rows(searches)  # row i search i's (before the step: a search that finishes is done)
         input_ids = last_tokens(searches)  # (B,)
         try:
-            out = self.runtime.step(input_ids, self.cache, candidates=candidates_needed(searches))
+            out = self.runtime.step(
+                input_ids,
+                self.cache,
+                candidates=candidates_needed(searches),
+                log_softmax=log_softmax_needed(searches),  # greedy rows asking no scores: skipped
+            )
         except Exception as error:  # noqa: BLE001 - fail this batch's requests, keep serving
             self._reset(error)
             return

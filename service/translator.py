@@ -50,6 +50,7 @@ class TranslateOptions:
     max_length: int | None = None  # generated tokens per sentence; None: the server's cap
     html: bool = False
     timeout: float | None = None  # seconds; None: the server's request timeout
+    return_scores: bool = False  # as the API's: greedy sentences' scores not computed (Translation.scores NaN)
 
 
 @dataclass
@@ -129,7 +130,9 @@ class Translator:
         beam = max(options.beam_size, options.alternatives + 1)
         if beam > self.max_beam:
             raise InvalidRequest(f"model {self.name} serves beam_size and alternatives + 1 up to {self.max_beam}")
-        search = SearchOptions(beam, min(cap, relative), options.length_penalty, options.alternatives + 1)
+        search = SearchOptions(
+            beam, min(cap, relative), options.length_penalty, options.alternatives + 1, scored=options.return_scores
+        )
         if not self.scheduler.fits(search, src_len):
             raise TooLarge(
                 f"a sentence of {src_len} tokens with beam size {beam} does not fit the batch limits "

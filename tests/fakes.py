@@ -21,6 +21,7 @@ class FakeRuntime:
         self.steps = 0
         self.encoder_calls: list[int] = []  # batch size of each encoder call
         self.step_rows: list[int] = []
+        self.log_softmax: list[bool] = []  # what each step was asked: normalise, or only the candidates' order
         self.fail_next_step = False
         self.fail_next_encode = False
 
@@ -38,9 +39,15 @@ class FakeRuntime:
         return DecoderCache(self.n_layers, self.n_heads, self.head_dim)
 
     def step(
-        self, input_ids: np.ndarray, cache: DecoderCache, full: bool = False, candidates: int = DEFAULT_CANDIDATES
+        self,
+        input_ids: np.ndarray,
+        cache: DecoderCache,
+        full: bool = False,
+        candidates: int = DEFAULT_CANDIDATES,
+        log_softmax: bool = True,
     ) -> StepOutput:
         self.steps += 1
+        self.log_softmax.append(log_softmax)
         self.step_rows.append(len(input_ids))
         if self.fail_next_step:
             self.fail_next_step = False

@@ -24,7 +24,8 @@ def client() -> TestClient:
 def test_the_folder_is_intact_and_int8_by_default() -> None:
     manifest = load_model_folder(DEFAULT).manifest  # checksums of every file
     assert manifest.default_variant == "int8" and set(manifest.variants) == {"fp32", "int8"}
-    assert manifest.format_version == 7 and manifest.variants["int8"].decoder_step_single is not None  # one row
+    assert manifest.format_version == 8 and manifest.variants["int8"].decoder_step_single is not None  # one row
+    assert manifest.variants["int8"].decoder_step.named("log_softmax")  # format 8: greedy steps may skip it
     assert manifest.provenance["exporter"]["graphs"] == graph_io.GRAPHS_REVISION  # the ragged graph's row Gather
     assert (DEFAULT / "README.md").is_file() and (DEFAULT / "NOTICE").is_file()
 

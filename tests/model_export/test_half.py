@@ -52,6 +52,26 @@ def test_the_runtime_keeps_a_float16_cache_and_matches_pytorch(halved: Path, che
     assert same_decodings(model, runtime, 1, seed=0) and same_decodings(model, runtime, 4, seed=0)
 
 
+def test_the_float16_step_always_normalises(halved: Path) -> None:
+    """The fp32 step graph's If over `log_softmax` (format 8) is unfolded into its normalising branch and the input
+    dropped: on GPUs the If's condition would be read in host memory. A step asked not to normalise still gives
+    log-probs there, as the fp32 variant's asked to does."""
+    folder = load_model_folder(halved)
+    step = folder.variant("fp16").decoder_step
+    assert not step.named("log_softmax") and folder.variant("fp32").decoder_step.named("log_softmax")
+    ops = [node.op_type for node in onnx.load(halved / step.file).graph.node]
+    assert "If" not in ops and ops.count("LogSoftmax") == ops.count("TopK") == 1
+    half, full = OnnxRuntime(folder, "fp16"), OnnxRuntime(folder, "fp32")
+    ids, mask = np.arange(4, 10)[None], np.ones((1, 6), np.bool_)
+    outputs = []
+    for runtime, log_softmax in ((half, False), (full, True)):
+        cache = runtime.new_cache()
+        memory = runtime.encode(ids, mask)
+        cache.add(memory.keys, memory.values, mask)
+        outputs.append(runtime.step(np.array([5]), cache, candidates=4, log_softmax=log_softmax))
+    np.testing.assert_allclose(outputs[0].top_log_probs, outputs[1].top_log_probs, atol=FP16_TOLERANCE)
+
+
 def test_the_masking_constant_stays_finite(halved: Path) -> None:
     """The fp32 encoder masks with float32's minimum, which is -inf in float16: it must become -65504. (The step
     graph's cross-attention takes the source mask as MultiHeadAttention's key mask: no such constant.)"""

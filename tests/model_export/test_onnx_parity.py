@@ -120,7 +120,7 @@ def test_the_step_graph_writes_each_row_at_its_own_slot_in_the_cache_itself(expo
         "input_ids": np.array([5, 6, 7, 8]), "positions": cache.lengths.copy(), "src_mask": cache.src_mask,
         "sentence_rows": cache.sentence_rows, "row_slots": cache.row_slots, "top_k": np.array([4]),
         "seqlens_k": cache.lengths.astype(np.int32),
-        "total_sequence_length": np.array(cache.lengths.max() + 1, np.int32),
+        "total_sequence_length": np.array(cache.lengths.max() + 1, np.int32), "log_softmax": np.array(True),
         **{f"self_key_{i}": layer.copy() for i, layer in enumerate(cache.self_keys)},
         **{f"self_value_{i}": layer.copy() for i, layer in enumerate(cache.self_values)},
         **{f"cross_key_{i}": layer for i, layer in enumerate(cache.cross_keys)},

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from service.api import create_app
 from service.decoding import SearchOptions
-from service.engine import decode_batch
+from service.engine import TokenRules, decode_batch
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime
 from service.settings import Settings
@@ -32,8 +32,6 @@ def solo(model_dir: Path, text: str, beam_size: int = 1) -> str:
     """The sentence translated alone, outside the server: tokenizer + the plain decoding loop."""
     folder = load_model_folder(model_dir)
     tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
-    from service.engine import TokenRules
-
     src = tokenizer.encode(text, "fr")
     options = SearchOptions(beam_size=beam_size, max_new_tokens=min(256, int(2.0 * len(src)) + 10))
     hyps = decode_batch(OnnxRuntime(folder), [src], [options], TokenRules(ids.decoder_start, ids.eos, ids.pad))
@@ -61,6 +59,22 @@ def test_translate_a_list_with_beam_and_alternatives(client: TestClient, model_d
     assert body["translatedText"] == [solo(model_dir, s, beam_size=3) for s in q]
     assert len(body["alternatives"]) == 2 and all(len(a) == 2 for a in body["alternatives"])
     assert len(body["scores"]) == 2 and all(s <= 0 for s in body["scores"])
+
+
+def test_a_greedy_translation_is_scored_only_when_asked(client: TestClient, model_dir: Path) -> None:
+    """Without return_scores the greedy steps skip the log-softmax (format 8) and no score is computed or sent; with
+    it, the same text and its mean normalised log-probability, as the plain decoding loop scores it alone."""
+    q = "Save the document as %s."
+    plain = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()
+    scored = client.post("/translate", json={"q": q, "source": "en", "target": "fr", "return_scores": True}).json()
+    assert plain["translatedText"] == scored["translatedText"] == solo(model_dir, q) and "scores" not in plain
+    folder = load_model_folder(model_dir)
+    tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
+    src = tokenizer.encode(q, "fr")
+    options = SearchOptions(max_new_tokens=min(256, int(2.0 * len(src)) + 10))
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    expected = decode_batch(OnnxRuntime(folder), [src], [options], rules)[0][0].score
+    assert scored["scores"] < 0 and abs(scored["scores"] - expected) < 1e-4
 
 
 def test_form_encoded_body_and_auto_source(client: TestClient, model_dir: Path) -> None:

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from service.decoding import BeamSearch, GreedySearch, SearchOptions, candidates, new_search, stay_in_parent_rows
-from service.engine import advance_all, advance_each, advance_greedy, candidates_needed, last_tokens
+from service.engine import (
+    advance_all,
+    advance_each,
+    advance_greedy,
+    candidates_needed,
+    last_tokens,
+    log_softmax_needed,
+)
 from tests.fakes import top_k
 
 VOCAB, EOS, START = 5, 0, 4
@@ -146,3 +153,16 @@ def test_each_search_asks_the_step_for_the_candidates_it_takes() -> None:
     greedy = [new_search(START, EOS, SearchOptions()) for _ in range(3)]
     assert candidates_needed(greedy) == 2
     assert candidates_needed([*greedy, new_search(START, EOS, SearchOptions(beam_size=3))]) == 7
+
+
+def test_a_step_normalises_only_for_searches_that_read_log_probs() -> None:
+    """Beams rank by their candidates' log-probs, a greedy search sums them only when scored: a step of greedy rows
+    that asked no scores may skip the log-softmax, one with any other search may not. A greedy search not scored
+    reports NaN, whatever its steps gave it."""
+    unscored = [new_search(START, EOS, SearchOptions(scored=False)) for _ in range(3)]
+    assert not log_softmax_needed(unscored)
+    assert log_softmax_needed([*unscored, new_search(START, EOS, SearchOptions())])
+    assert log_softmax_needed([*unscored, new_search(START, EOS, SearchOptions(beam_size=2, scored=False))])
+    run(unscored[0])
+    hypothesis = unscored[0].results()[0]
+    assert np.isnan(hypothesis.log_prob) and np.isnan(hypothesis.score) and hypothesis.tokens

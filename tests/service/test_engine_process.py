@@ -189,7 +189,9 @@ def test_the_outbox_writes_what_it_has_queued_at_once_metric_updates_first() -> 
 
 def test_options_and_hypotheses_cross_the_pipe_as_plain_tuples_and_come_back_equal() -> None:
     """Every field, none at its default, survives the trip: a field added to either dataclass travels too."""
-    options = SearchOptions(beam_size=3, max_new_tokens=17, length_penalty=0.6, n_best=2, min_new_tokens=4)
+    options = SearchOptions(
+        beam_size=3, max_new_tokens=17, length_penalty=0.6, n_best=2, min_new_tokens=4, scored=False
+    )
     assert set(vars(options).items()).isdisjoint(vars(SearchOptions()).items())
     results = [[Hypothesis((5, 6, 3), -1.5, -0.5), Hypothesis((7, 3), -2.0, -1.0)], [Hypothesis((3,), -0.1, -0.1)]]
     a, b = Pipe()
@@ -197,7 +199,7 @@ def test_options_and_hypotheses_cross_the_pipe_as_plain_tuples_and_come_back_equ
     wire_a.send([("submit", 1, 2.5, [([4, 5, 3], options_wire(options))]), ("done", 1, hypotheses_wire(results), 0.0)])
     (_, _, _, [(ids, sent)]), (_, _, carried, _) = wire_b.recv()
     assert ids == [4, 5, 3] and SearchOptions(*sent) == options
-    assert all(type(value) in (int, float) for value in sent)  # no dataclass pickled
+    assert all(type(value) in (int, float, bool) for value in sent)  # no dataclass pickled
     assert all(type(h) is tuple for hyps in carried for h in hyps)
     assert hypotheses_from_wire(carried) == results
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from service.errors import ModelFolderError
-from service.model_folder import MANIFEST, load_model_folder
+from service.model_folder import FORMAT_VERSION, MANIFEST, load_model_folder
 from service.runtime import OnnxRuntime
 
 
@@ -76,8 +76,9 @@ def test_manifest_field_missing(folder: Path) -> None:
 
 
 def test_newer_format_version(folder: Path) -> None:
-    edit_manifest(folder, lambda m: m.update(format_version=8))
-    with pytest.raises(ModelFolderError, match="format_version 8 is newer than 7.*run a server as new"):
+    edit_manifest(folder, lambda m: m.update(format_version=FORMAT_VERSION + 1))
+    newer = f"format_version {FORMAT_VERSION + 1} is newer than {FORMAT_VERSION}.*run a server as new"
+    with pytest.raises(ModelFolderError, match=newer):
         load_model_folder(folder)
 
 

@@ -79,10 +79,10 @@ class WhereRuntime(FakeRuntime):
         self.where["encode"].add(frozenset(os.sched_getaffinity(0)))
         return super().encode(src_ids, src_mask)
 
-    def step(self, input_ids, cache, full=False, candidates=2):  # type: ignore[no-untyped-def]
+    def step(self, input_ids, cache, full=False, candidates=2, log_softmax=True):  # type: ignore[no-untyped-def]
         self.where["step"].add(frozenset(os.sched_getaffinity(0)))
         self.threads.add(threading.current_thread().name)
-        return super().step(input_ids, cache, full, candidates)
+        return super().step(input_ids, cache, full, candidates, log_softmax)
 
 
 @pytest.mark.skipif(len(allowed_cores()) < 3, reason="two streams and the rest need 3 cores to pin")

@@ -617,3 +617,86 @@ def test_newcomers_in_finished_rows_places_keep_the_binding_and_every_result(
         selected, _, selected_bindings = _refilled(folder, variant, sources, copies=False)
     assert refilled == copied == selected
     assert bindings < selected_bindings <= copied_bindings <= steps
+
+
+def as_format_7(folder: Path, dest: Path) -> Path:
+    """A copy of `folder` as format 7 wrote it: every step graph normalises at every step, no `log_softmax` input
+    (what the fp16 variant's step graph still is: model_export.half.always_normalised)."""
+    from model_export.half import always_normalised
+
+    shutil.copytree(folder, dest)
+    manifest = json.loads((dest / MANIFEST).read_text())
+    for variant in manifest["variants"].values():
+        for graph in ("decoder_step", "decoder_step_ragged", "decoder_step_single"):
+            if not variant.get(graph):
+                continue
+            spec = variant[graph]
+            spec["inputs"] = [tensor for tensor in spec["inputs"] if tensor["role"] != "log_softmax"]
+            path = dest / spec["file"]
+            model = onnx.load(path, load_external_data=False)
+            always_normalised(model.graph)
+            onnx.save(model, path)
+            manifest["files"][spec["file"]] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+    manifest["format_version"] = 7
+    (dest / MANIFEST).write_text(json.dumps(manifest))
+    return dest
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])  # int8: its one-row step graph too
+def test_a_step_asked_not_to_normalise_gives_the_same_candidates_as_logits(quantized: Path, variant: str) -> None:
+    """Format 8: `log_softmax=False` skips the log-softmax. The candidates are the same ids in the same order, their
+    values the logits: each row's differ from its log-probs by one constant, log-sum-exp over the vocabulary, which
+    is above every logit. The flag is set at every step, on the binding the cache keeps (one row: the one-row graph;
+    three: the step graph)."""
+    folder = load_model_folder(quantized)
+    runtime = OnnxRuntime(folder, variant)
+    assert runtime._dec_log_softmax == "log_softmax"
+    cfg = folder.manifest.config
+    rng = np.random.default_rng(12)
+    for sentences in (1, 3):
+        mask = np.ones((sentences, 6), np.bool_)
+        memory = runtime.encode(rng.integers(4, cfg.src_vocab_size, mask.shape), mask)
+        caches = [runtime.new_cache() for _ in range(2)]
+        for cache in caches:
+            cache.add(memory.keys, memory.values, mask)
+        for t in range(6):
+            tokens = rng.integers(4, cfg.tgt_vocab_size, sentences)
+            normalised = runtime.step(tokens, caches[0], candidates=5)
+            raw = runtime.step(tokens, caches[1], candidates=5, log_softmax=t % 2 == 1)  # one binding, both ways
+            np.testing.assert_array_equal(raw.top_ids, normalised.top_ids)
+            if t % 2 == 1:
+                np.testing.assert_allclose(raw.top_log_probs, normalised.top_log_probs, atol=1e-6)
+                continue
+            shift = raw.top_log_probs - normalised.top_log_probs  # (B, K): log-sum-exp of each row's logits
+            np.testing.assert_allclose(shift, shift[:, :1].repeat(shift.shape[1], 1), atol=1e-4)
+            assert (shift[:, 0] > raw.top_log_probs[:, 0]).all() and (normalised.top_log_probs <= 0).all()
+        graph = "decoder_step_single" if sentences == 1 and variant == "int8" else "decoder_step"
+        assert caches[1].bound.graph == graph and caches[1].bound.log_softmax is not None
+
+
+def test_greedy_searches_asking_no_scores_translate_the_same_without_the_log_softmax(
+    quantized: Path, tmp_path: Path
+) -> None:
+    """Greedy searches not `scored` take the same tokens whether their steps normalise or not, format 8 or 7 (whose
+    step graphs always normalise), and report no score (NaN); scored ones, and beams, keep their log-probs."""
+    old = as_format_7(quantized, tmp_path / "format-7")
+    assert load_model_folder(old).manifest.format_version == 7
+    ids = load_model_folder(quantized).manifest.special_ids
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    rng = np.random.default_rng(13)
+    sources = [rng.integers(4, 90, n).tolist() + [ids.eos] for n in (3, 7, 5, 9)]
+    unscored = [SearchOptions(max_new_tokens=12, scored=False)] * 4
+    scored = [SearchOptions(max_new_tokens=12)] * 4
+    mixed = [SearchOptions(max_new_tokens=12, scored=False), SearchOptions(beam_size=2, max_new_tokens=12)] * 2
+    for variant in ("fp32", "int8"):
+        new, before = OnnxRuntime(load_model_folder(quantized), variant), OnnxRuntime(load_model_folder(old), variant)
+        assert new._dec_log_softmax is not None and before._dec_log_softmax is None
+        reference = decode_batch(new, sources, scored, rules)
+        for runtime in (new, before):
+            got = decode_batch(runtime, sources, unscored, rules)
+            assert [h[0].tokens for h in got] == [h[0].tokens for h in reference]
+            assert all(np.isnan(h[0].score) for h in got) and all(np.isfinite(h[0].score) for h in reference)
+            both = decode_batch(runtime, sources, mixed, rules)
+            assert all(np.isfinite(h[0].score) for h in both[1::2]) and all(np.isnan(h[0].score) for h in both[::2])
+            again = decode_batch(runtime, sources, scored, rules)
+            np.testing.assert_allclose([h[0].score for h in again], [h[0].score for h in reference], atol=1e-5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -518,6 +519,25 @@ def test_stopping_fails_sentences_whose_pass_is_in_flight() -> None:
     scheduler.stop(timeout=0.05)
     for ticket in (running, admitted):
         assert isinstance(ticket.error, Overloaded) and "stopped" in str(ticket.error)
+
+
+def test_steps_of_greedy_rows_that_ask_no_scores_skip_the_log_softmax() -> None:
+    """Continuous batching asks each step to normalise only while a row reads log-probs: a scored greedy sentence or
+    a beam. The unscored sentences translate as they would alone, their scores NaN."""
+    scheduler, runtime, _ = make()
+    unscored = replace(GREEDY, scored=False)
+    first = submit(scheduler, sources(3, seed=30), unscored)
+    scheduler.run_once()
+    scheduler.run_once()
+    assert runtime.log_softmax and not any(runtime.log_softmax)
+    asked = len(runtime.log_softmax)
+    beam = submit(scheduler, sources(1, seed=31), BEAM)
+    drain(scheduler)
+    assert any(runtime.log_softmax[asked:])  # while the beam ran
+    for ticket, seed, options in ((first, 30, unscored), (beam, 31, BEAM)):
+        expected = [alone(s, options) for s in sources(len(ticket.results), seed)]
+        assert [[h.tokens for h in r] for r in ticket.results] == [[h.tokens for h in r] for r in expected]
+    assert all(np.isnan(r[0].score) for r in first.results) and np.isfinite(beam.results[0][0].score)
 
 
 def streams(count: int = 2, limits: BatchLimits | None = None) -> tuple[Streams, FakeRuntime]:
