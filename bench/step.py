@@ -2,8 +2,9 @@
 own step (the same sessions, binding and cache as the server's), at the rows, cache length, source length and
 intra-op threads asked, one column per (rows, threads) pair: the figures behind the README's "What the time goes
 to". Random source ids, every source position real (so the step graph, not the ragged one), greedy rows unless
---beam. Run it with nothing else on the machine. The profiler costs a few µs per node: the last line, the same
-steps without it, says how much of a small step's profile that is.
+--beam, asking no scores (greedy steps skip the log-softmax, as the server's do without `return_scores`). Run it
+with nothing else on the machine. The profiler costs a few µs per node: the last line, the same steps without it,
+says how much of a small step's profile that is.
 
     python -m bench.step                                                        # the default model, 32 rows
     python -m bench.step --model runs/bench/paper/ours --rows 32,16,32 --threads 2,1,1   # after bench.engine paper
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import describe, headline
-from service.decoding import SearchOptions, candidates
+from service.decoding import SearchOptions, candidates, needs_log_probs
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
 from service.translator import single_row_rows
@@ -52,16 +53,17 @@ def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab:
     memory = runtime.encode(src_ids, src_mask)  # (L, N, H, S, Dh) twice
     cache = runtime.new_cache()
     cache.add(memory.keys, memory.values, src_mask)
-    width = candidates(SearchOptions(beam_size=work.beam))  # what a search of this beam takes from a step
+    search = SearchOptions(beam_size=work.beam, scored=False)  # as a request without return_scores
+    width, normalised = candidates(search), needs_log_probs(search)  # what such searches take from a step
     graphs = collections.Counter()
     for step in range(work.slots):
-        runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width)  # (B,) tokens
+        runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width, log_softmax=normalised)
         graphs[cache.bound.graph] += 1
         if step == 0 and work.beam > 1:
             cache.select(np.repeat(np.arange(work.sentences), work.beam))  # (N x beam,) each sentence's beams
     started = time.perf_counter()
     for _ in range(work.steps):
-        runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width)  # (B,)
+        runtime.step(rng.integers(4, tgt_vocab, cache.rows), cache, candidates=width, log_softmax=normalised)
     elapsed = time.perf_counter() - started
     return elapsed / work.steps * 1e6, cache.bound.graph, graphs[cache.bound.graph] + work.steps
 
@@ -88,9 +90,23 @@ def profile_step(
     if rest:
         raise SystemExit(f"the profile holds {len(nodes)} node runs, not a whole number of steps")
     by_type: dict[str, list[float]] = collections.defaultdict(list)
-    for event in nodes[-work.steps * per_run :]:
+    for event in own_times(nodes[-work.steps * per_run :]):
         by_type[event["args"]["op_name"]].append(event["dur"])
     return {op: (len(d) // work.steps, sum(d) / work.steps) for op, d in by_type.items()}, profiled, plain, graph
+
+
+def own_times(nodes: list[dict]) -> list[dict]:
+    """The profile's node events with each control-flow node's time less the time of the nodes its branch ran
+    (format 8's If around the log-softmax and top-K), which the profile lists as events of their own, inside the If's
+    span: each node's time counted once, by its own type."""
+    out = []
+    for event in nodes:
+        if event["args"]["op_name"] == "If":
+            start, end = event["ts"], event["ts"] + event["dur"]
+            inner = sum(e["dur"] for e in nodes if e is not event and start <= e["ts"] and e["ts"] + e["dur"] <= end)
+            event = {**event, "dur": event["dur"] - inner}
+        out.append(event)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

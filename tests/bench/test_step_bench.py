@@ -64,3 +64,14 @@ def test_beams_whose_first_step_took_the_one_row_graph_are_profiled_in_their_own
     out = capsys.readouterr().out
     assert "| operator | 2 rows, 1 thread |" in out
     assert re.search(r"^\| DynamicQuantizeMatMul \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)
+
+
+def test_an_if_counts_only_its_own_time_beside_the_nodes_its_branch_ran() -> None:
+    """ONNX Runtime's profile lists a branch's nodes as events of their own, inside their If's span: the If keeps
+    only what is left, so that no time is counted twice (format 8's If around the log-softmax and top-K)."""
+
+    def node(op: str, ts: int, dur: int) -> dict:
+        return {"ts": ts, "dur": dur, "args": {"op_name": op}}
+
+    events = [node("MatMul", 0, 50), node("TopK", 60, 30), node("Slice", 91, 2), node("If", 58, 40), node("Add", 99, 5)]
+    assert [e["dur"] for e in step.own_times(events)] == [50, 30, 2, 8, 5]
