@@ -514,8 +514,9 @@ class OnnxRuntime:
             bind_gpu_cache(binding, self._dec_in, self._dec_present, cache)
         else:
             bind_host_cache(binding, self._dec_in, self._dec_present, cache, self._ragged_present if ragged else {})
-        outputs_bound = tuple(outputs.values())
-        return Binding(full, width, graph, binding, input_ids, outputs_bound, tuple(per_step), lengths, log_softmax)
+        return Binding(
+            full, width, graph, binding, input_ids, tuple(outputs.values()), tuple(per_step), lengths, log_softmax
+        )
 
     def _outputs(self, rows: int, full: bool, width: int) -> dict[str, np.ndarray]:
         """Host arrays for the step's outputs, by name, top_log_probs and top_ids first; log_probs only if `full`.
