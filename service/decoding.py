@@ -127,11 +127,11 @@ class BeamSearch:
         no_eos = length <= options.min_new_tokens  # EOS not allowed yet
         scored: list[tuple[float, int, int]] = []  # (total score, parent row, token), the beams best first
         for parent in self.ranked:
-            base = self.scores[parent]
-            scored += [
-                (-math.inf if no_eos and t == eos else base + p, parent, t)
-                for p, t in zip(log_probs[parent], ids[parent], strict=True)
-            ]
+            base, row = self.scores[parent], zip(log_probs[parent], ids[parent], strict=True)
+            if no_eos and eos in ids[parent]:  # (the check costs less than a conditional per candidate)
+                scored += [(-math.inf if t == eos else base + p, parent, t) for p, t in row]
+            else:
+                scored += [(base + p, parent, t) for p, t in row]
         running = []  # the best k candidates that do not end their hypothesis
         for i, (score, parent, token) in enumerate(sorted(scored, key=itemgetter(0), reverse=True)[: 2 * k]):
             if token == eos or length >= options.max_new_tokens:

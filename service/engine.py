@@ -51,6 +51,8 @@ def last_tokens(searches: list[Search]) -> np.ndarray:
     """(B,) every row's latest token, the searches' rows in order."""
     if greedy_rows(searches):
         return np.array([s.last_token for s in searches], dtype=np.int64)  # (B,) one row each
+    if len(searches) == 1:
+        return searches[0].last_tokens()  # (B,) one sentence's beams
     return np.concatenate([s.last_tokens() for s in searches])  # (B,)
 
 
@@ -82,6 +84,9 @@ def advance_each(
     searches: list[Search], top_log_probs: np.ndarray, top_ids: np.ndarray
 ) -> tuple[list[int], np.ndarray]:
     """`advance_all` one search at a time, any kinds of search, rows in blocks of any size."""
+    if len(searches) == 1:  # one sentence (an interactive beam request): its block is every row, `place` has no gap
+        keep = searches[0].advance(top_log_probs, top_ids)  # (k,) its rows' parents, empty once it finished
+        return ([0] if keep.size else []), keep
     keeps, offsets, offset = [], [], 0
     for search in searches:
         rows = search.rows

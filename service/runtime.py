@@ -431,7 +431,7 @@ class OnnxRuntime:
         made when the cache's arrays are bound: rows, sentences and sources change only with a new binding.
         `log_softmax` False (and not `full`): a graph of format 8 skips the log-softmax over the vocabulary, and
         its candidates' values are the logits, in the same order; older graphs, and float16 ones, always normalise."""
-        cache.make_room()  # a free slot per row, before the buffers are bound
+        longest = cache.make_room()  # a free slot per row, before the buffers are bound
         width = self.candidates.width(candidates)
         bound = cache.bound  # the cache drops it whenever the arrays it binds change
         if bound is None or bound.full != full or bound.width != width:
@@ -440,7 +440,7 @@ class OnnxRuntime:
         if bound.attention_lengths is not None:
             seqlens_k, total = bound.attention_lengths
             np.copyto(seqlens_k, cache.lengths, casting="unsafe")  # (B,) int32: each row's cached steps
-            total[...] = seqlens_k.max() + 1  # () the longest row with this step
+            total[...] = longest + 1  # () the longest row with this step
         if bound.log_softmax is not None:
             bound.log_softmax[...] = log_softmax or full  # ()
         if self._rebind_host_inputs:
@@ -560,7 +560,7 @@ def drop_banned(top_log_probs: np.ndarray, top_ids: np.ndarray, is_banned: np.nd
     """Each row's best k candidates without the banned ids, still best first: (B, K + b) -> (B, k). `is_banned`
     (V,): one lookup finds them (a comparison per banned id and their union took 2.4x as long)."""
     bad = is_banned[top_ids]  # (B, K + b)
-    if not bad.any():
+    if not np.count_nonzero(bad):  # (a quarter of bad.any()'s ~1 us on arrays this small)
         return top_log_probs[:, :k], top_ids[:, :k]
     order = np.argsort(bad, axis=1, kind="stable")[:, :k]  # (B, k) the allowed ones, in their order
     return np.take_along_axis(top_log_probs, order, axis=1), np.take_along_axis(top_ids, order, axis=1)

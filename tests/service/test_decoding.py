@@ -13,6 +13,7 @@ from service.engine import (
     candidates_needed,
     last_tokens,
     log_softmax_needed,
+    place,
 )
 from tests.fakes import top_k
 
@@ -144,6 +145,23 @@ def test_greedy_rows_advance_at_once_as_one_at_a_time() -> None:
         (order, rows), (order2, rows2) = advance_all(mixed[0], *candidates), advance_each(mixed[1], *candidates)
         assert order == order2 and rows.tolist() == rows2.tolist()
         mixed = [[m[i] for i in order] for m in mixed]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_one_search_advances_as_place_would_place_its_rows(beam_size: int) -> None:
+    """`advance_each` of a single search (an interactive request decoded alone) skips `place`: its block is every
+    row. The order and rows are what `place` gives, step after step, until the search finishes."""
+    rng = np.random.default_rng(beam_size)
+    options = SearchOptions(beam_size=beam_size, max_new_tokens=6, min_new_tokens=2)
+    alone, placed = new_search(START, EOS, options), new_search(START, EOS, options)
+    while not alone.done:
+        rows = alone.rows
+        candidates = top_k(np.log(rng.dirichlet(np.ones(VOCAB), rows)), TOP, banned=(START,))
+        order, kept = advance_each([alone], *candidates)
+        expected = place([placed.advance(*candidates)], [0, rows])
+        assert (order, kept.tolist()) == (expected[0], expected[1].tolist())
+        assert alone.results() == placed.results() and alone.done == placed.done
+    assert order == [] and alone.results()
 
 
 def test_each_search_asks_the_step_for_the_candidates_it_takes() -> None:

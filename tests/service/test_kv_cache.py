@@ -336,6 +336,49 @@ def test_reorders_of_any_pattern_equal_a_gather_of_the_rows(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
+def test_beams_following_parents_in_their_sentences_end_as_the_general_path_does(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A beam step's selection (every new beam from a row of its own sentence; a parent keeps its row, as
+    `stay_in_parent_rows` places them) of up to FEW_ROWS rows runs on Python lists (`_follow_parents`). It ends as
+    the general path does (FEW_ROWS 0) and as a gather of the rows would: the parents' written slots, the same
+    lengths, sentences and groups, and the binding kept. A swap within a sentence (a row both read and written)
+    takes the general path."""
+    from service.decoding import stay_in_parent_rows
+
+    rng = np.random.default_rng(seed)
+    caches = [DecoderCache(n_layers=2, n_heads=3, head_dim=4) for _ in range(2)]
+    fast = []
+    follow = DecoderCache._follow_parents
+    monkeypatch.setattr(DecoderCache, "_follow_parents", lambda c, rows: fast.append(follow(c, rows)) or fast[-1])
+    for cache in caches:
+        cache.add(*memory(3, 4, 1.0))
+        append(cache, step(3, 0.5), step(3, 0.5))
+        cache.select(np.repeat(np.arange(3), 3))  # 3 beams a sentence, rows 3s .. 3s + 2
+    for t in range(6):
+        keys = rng.standard_normal((2, 9, 3, 4)).astype(np.float32)  # (L, B, H, Dh)
+        for cache in caches:
+            append(cache, keys, keys + 1)
+        parents = rng.integers(0, 3, (3, 3))  # each sentence's new beams' parents, within the sentence
+        rows = np.concatenate([3 * s + np.array(parents[s])[stay_in_parent_rows(parents[s].tolist())] for s in range(3)])
+        if t == 4:
+            rows = np.array([1, 0, 2, 3, 4, 5, 6, 7, 8])  # a swap: rows 0 and 1 both read and written
+        expected = stacked(caches[0].self_keys)[:, rows, :, : t + 2]  # (L, B, H, written, Dh) a gather
+        for cache, few in zip(caches, (kv_cache.FEW_ROWS, 0), strict=True):
+            monkeypatch.setattr(kv_cache, "FEW_ROWS", few)
+            cache.bound, fast[:] = "binding", []
+            cache.select(rows)
+            assert np.array_equal(stacked(cache.self_keys)[:, :, :, : t + 2], expected)
+            assert cache.bound == "binding" and cache.lengths.tolist() == [t + 2] * 9
+            if few:
+                assert fast == [t != 4]  # the swap falls back to the general path
+        assert caches[0].make_room() == t + 2  # (the longest row's steps)
+        assert np.array_equal(*(stacked(c.self_values)[:, :, :, : t + 2] for c in caches))
+        assert np.array_equal(*(stacked(c.cross_keys) for c in caches))
+        assert caches[0].sentence_rows.tolist() == caches[1].sentence_rows.tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_greedy_rows_compact_as_the_general_path_does(seed: int) -> None:
     """Rows that are each their own sentence, in order (greedy rows), compact through `_compact` when finished
     ones' places are taken by rows from past the new end; the same joins, steps and selections through the general
