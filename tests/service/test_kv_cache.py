@@ -360,7 +360,7 @@ def test_beams_following_parents_in_their_sentences_end_as_the_general_path_does
         for cache in caches:
             append(cache, keys, keys + 1)
         parents = rng.integers(0, 3, (3, 3))  # each sentence's new beams' parents, within the sentence
-        rows = np.concatenate([3 * s + np.array(parents[s])[stay_in_parent_rows(parents[s].tolist())] for s in range(3)])
+        rows = np.concatenate([3 * s + parents[s][stay_in_parent_rows(parents[s].tolist())] for s in range(3)])
         if t == 4:
             rows = np.array([1, 0, 2, 3, 4, 5, 6, 7, 8])  # a swap: rows 0 and 1 both read and written
         expected = stacked(caches[0].self_keys)[:, rows, :, : t + 2]  # (L, B, H, written, Dh) a gather
