@@ -1,6 +1,6 @@
 """Server A/B: two versions of the server, or two settings, served in turn at one concurrency, pair after pair.
 
-On a shared machine a run moves by 10-20 % from one minute to the next (README, Performance), more than most
+On a shared machine a run moves by 10-20 % from one minute to the next (docs/performance.md), more than most
 changes are worth; what survives that is the same load on A and B alternating, many times, A first in one pair and
 B first in the next. Each arm is a checkout of this project (its own `service/` and `models/`; the current
 interpreter runs both) and extra environment variables; each run starts a fresh server, warms it, measures a

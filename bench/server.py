@@ -217,8 +217,8 @@ def usage_figures(
 ) -> dict[str, float]:
     """Where a run's time went: the decoder's steps' share of the wall (per stream, summed: 2.0 is two streams
     stepping all the time), the cores the server's processes and the load generator used, the HTTP process's CPU
-    per /translate request in µs (it shares a core with the encoder thread: README, "What bounds the server here"),
-    and batch_figures."""
+    per /translate request in µs (it shares a core with the encoder thread: docs/performance.md, "What bounds the
+    server here"), and batch_figures."""
     requests = after["server_count"] - before["server_count"]
     http_seconds = after["http_cpu_seconds"] - before["http_cpu_seconds"]
     return {

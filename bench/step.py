@@ -1,7 +1,7 @@
 """Step profile: where one decoder step's time goes, by operator type, under ONNX Runtime's profiler. The runtime's
 own step (the same sessions, binding and cache as the server's), at the rows, cache length, source length and
-intra-op threads asked, one column per (rows, threads) pair: the figures behind the README's "What the time goes
-to". Random source ids, every source position real (so the step graph, not the ragged one), greedy rows unless
+intra-op threads asked, one column per (rows, threads) pair: the figures behind docs/performance.md's "What the time
+goes to". Random source ids, every source position real (so the step graph, not the ragged one), greedy rows unless
 --beam, asking no scores (greedy steps skip the log-softmax, as the server's do without `return_scores`). Run it
 with nothing else on the machine. The profiler costs a few µs per node: the last line, the same steps without it,
 says how much of a small step's profile that is.

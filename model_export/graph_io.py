@@ -115,8 +115,9 @@ def decoder_inputs(cfg: TransformerConfig) -> list[TensorSpec]:
         TensorSpec("input_ids", "input_ids", "int64", ("batch",)),
         TensorSpec("positions", "positions", "int64", ("batch",)),
         # GroupQueryAttention's, from the runtime (format 7; computed from `positions` in the graph before, where
-        # on CUDA the float16 step wrote every row at slot 0, as for a prompt's first step: README "GPU"): each row's
-        # cached steps, and the longest row with this step (which ONNX Runtime's CUDA kernel reads in host memory)
+        # on CUDA the float16 step wrote every row at slot 0, as for a prompt's first step: docs/performance.md
+        # "GPU"): each row's cached steps, and the longest row with this step (which ONNX Runtime's CUDA kernel
+        # reads in host memory)
         TensorSpec("seqlens_k", "seqlens_k", "int32", ("batch",)),
         TensorSpec("total_sequence_length", "total_sequence_length", "int32", ()),
     ]

@@ -27,7 +27,7 @@ def configure_logging(level: str) -> None:
     """Log lines to stderr, each with its request id. A LogRecord leaves out what LOG_FORMAT does not print (the
     logging HOWTO's "Optimization"): the caller's file and line (a walk up the stack), the thread, the process and
     its multiprocessing name; a request's line, warm, 9.4 -> 7.3 us. At INFO (the default) every request logs a
-    line: in the server at 32 clients ~45 us of the HTTP process's CPU a request (README, Performance)."""
+    line: in the server at 32 clients ~45 us of the HTTP process's CPU a request (docs/performance.md)."""
     logging._srcfile = None  # type: ignore[attr-defined]  # no findCaller
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler()
@@ -81,7 +81,8 @@ def settle_garbage_collector() -> None:
     schemas, the tokenizers) leaves the cyclic collector's generations for good, and a young-object collection
     waits for 20,000 new objects instead of 700. A request makes a few thousand short-lived objects, nearly all
     freed by reference counting before any collection sees them; at 32 clients the collector had taken 7.5 % of
-    the HTTP process's CPU (perf), 5.5 % with the freeze alone, 1.3 % with both (README, the change table)."""
+    the HTTP process's CPU (perf), 5.5 % with the freeze alone, 1.3 % with both (docs/performance.md, the change
+    table)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 50, 100)

@@ -260,8 +260,8 @@ def error_answer(state: State, error: Exception) -> JSONResponse:
 class TranslateEndpoint:
     """Pure ASGI middleware, inside CORS and the request context: the whole of /translate, answered without
     FastAPI's routing, middleware stack, dependency solving and response model (the HTTP process's CPU per request
-    at 32 clients: 711 -> 569 µs, and more rows in the decoder's batch; README, the change table). A request is
-    admitted (State.admit: draining, readiness, the concurrency limit) before its body is read, then read,
+    at 32 clients: 711 -> 569 µs, and more rows in the decoder's batch; docs/performance.md, the change table). A
+    request is admitted (State.admit: draining, readiness, the concurrency limit) before its body is read, then read,
     validated, translated and answered with the same models (TranslateRequest, TranslateResponse; the app's OpenAPI
     schema documents them: `document_translate`) and the same errors (`error_answer`) as every route. Other paths
     go on to FastAPI."""

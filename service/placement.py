@@ -5,7 +5,7 @@ Beside it run the HTTP side, the encoder passes and the engine's outbox: on 2 co
 a core, and wherever the kernel puts them they preempt a step or evict its weights from the core's caches. When
 every stream runs on one thread and the streams leave at least one core free, each stream gets a core of its own
 and every other thread of the server and its engine processes is kept to the cores left. Measured on the default
-model at 32 clients, 2 cores (README, Performance): 7,431 -> 7,774 target tok/s (means of 8 alternating pairs,
+model at 32 clients, 2 cores (docs/performance.md): 7,431 -> 7,774 target tok/s (means of 8 alternating pairs,
 pinned faster in each), p99/p50 3.12-3.46 -> 2.98-3.22. Otherwise (streams of several threads, as many streams as
 cores, a CPU quota smaller than the cores the process may run on, or CUDA) the kernel places every thread, as
 before. Several servers on one machine claim their streams' cores with a lock file each (`claim`, in

@@ -183,8 +183,8 @@ def gpu_array_module(providers: list[str], cache_dtype: str, lengths_given: bool
     (GroupQueryAttention) has a CUDA kernel for the cache's dtype (float16; float32 runs on the CPU provider, beside
     a host cache). None: a host (numpy) cache. A float16 step on CUDA is refused, with what to do, when its graph
     computes GroupQueryAttention's lengths itself (before format 7: on CUDA it wrote every row at slot 0, as for a
-    prompt's first step, README "GPU"), or when CuPy is missing (a host cache bound to a CUDA node is copied to the
-    GPU when it is bound, not at each step)."""
+    prompt's first step, docs/performance.md "GPU"), or when CuPy is missing (a host cache bound to a CUDA node is
+    copied to the GPU when it is bound, not at each step)."""
     if providers[0] != "CUDAExecutionProvider" or cache_dtype != "float16":
         return None
     if not lengths_given:
@@ -287,7 +287,7 @@ def share_cpu_arena() -> None:
     model after a long load (bench.soak). One arena serves the encoder's passes and both step graphs' steps from
     the same chunks. Its price is one lock for the encoder thread and the decoding thread: served, 1-2.5 % of the
     default model's throughput; the step graphs alone sharing it (the encoder on its own) kept that but not the
-    soak flat (README, the change table)."""
+    soak flat (docs/performance.md, the change table)."""
     global _arena_shared  # noqa: PLW0603 - ONNX Runtime's environment is process-wide too
     import onnxruntime as ort  # here, not at the top: see the module docstring
 

@@ -292,7 +292,7 @@ def batch_limits(settings: Settings) -> BatchLimits:
     )
 
 
-# Measured on 2 cores (README, Performance): the default model (4.8 M multiply-adds per decoder token) served at 32
+# Measured on 2 cores (docs/performance.md): the default model (4.8 M multiply-adds per decoder token) served at 32
 # clients gives 90 % of its engine's batch-32 throughput with one intra-op thread and 77 % with two in one run (94 and
 # 81 % in another): its steps of ~4 ms gain 5-14 % from a second thread alone and lose more to the server and the
 # encoder passes on the same cores. The paper-size model (52.5 M) steps 1.43x faster with two, and served gives 93 %
@@ -373,8 +373,8 @@ def decoder_streams(cfg: Architecture, settings: Settings) -> int:
 def chosen_variant(folder: ModelFolder, settings: Settings) -> str:
     """MT_VARIANT, or the manifest's default; but where CUDA is asked for and ONNX Runtime has it, an int8 default
     (whose products, DynamicQuantizeMatMul, have no CUDA kernel and run on the CPU) gives way to fp16 where it can
-    run on CUDA (format 7, CuPy: runtime.gpu_array_module; 2.2x fp32's throughput on an H200, README "GPU"), else
-    to fp32."""
+    run on CUDA (format 7, CuPy: runtime.gpu_array_module; 2.2x fp32's throughput on an H200, docs/performance.md
+    "GPU"), else to fp32."""
     manifest = folder.manifest
     if settings.variant:
         return settings.variant

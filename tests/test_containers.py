@@ -321,7 +321,7 @@ def test_the_rules_use_only_exported_metrics_and_their_own_records(live_metric_n
 
 
 def test_the_gpu_override_runs_fp32_on_cuda_first() -> None:
-    """The variant whose products all run on the GPU; fp16 is refused on CUDA (README "GPU")."""
+    """The variant whose products all run on the GPU; fp16 is refused on CUDA (docs/performance.md "GPU")."""
     reason = compose_cli_missing()
     if reason:
         pytest.skip(reason)

@@ -1,6 +1,6 @@
 """The fp16 variant on CUDA with the decoder cache in GPU memory (CuPy), and fp32 on CUDA beside a host cache.
 Skipped where there is no CUDA build of ONNX Runtime, no GPU or no CuPy: CI has none. Last run on an H200
-(onnxruntime-gpu 1.31.1 without its kernels for other GPUs, README "GPU"), at format 7: all passed but two
+(onnxruntime-gpu 1.31.1 without its kernels for other GPUs, docs/performance.md "GPU"), at format 7: all passed but two
 teacher-forced comparisons at head size 64, over the tolerances of then (fp16 0.024 > 0.02, fp32 0.018 > 0.01; now
 ON_CUDA_TOLERANCE, not yet rerun on a GPU). Before, two faults made every CUDA translation wrong, which these tests
 now catch: inputs bound from host memory are copied to the GPU when bound, not at each run (service/runtime.py,

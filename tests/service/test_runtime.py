@@ -536,9 +536,9 @@ def test_steps_are_right_where_host_inputs_are_copied_when_bound(
     quantized: Path, variant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On CUDA, ONNX Runtime copies an input bound from host memory to the GPU when it is bound, not at each run
-    (README "GPU"). Here the CPU is made to do the same: with the runtime's rebinding on (as on CUDA), a continuous
-    batch (greedy and beam rows joining, reordering and leaving) gives every sentence its result; with it off, as
-    before the fix, it does not."""
+    (docs/performance.md "GPU"). Here the CPU is made to do the same: with the runtime's rebinding on (as on CUDA), a
+    continuous batch (greedy and beam rows joining, reordering and leaving) gives every sentence its result; with it
+    off, as before the fix, it does not."""
     folder = load_model_folder(quantized)
     rng = np.random.default_rng(5)
     ids = folder.manifest.special_ids
