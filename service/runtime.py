@@ -121,6 +121,12 @@ class Runtime(Protocol):
         ...
 
 
+def rows_per_sentence(candidates: int) -> int:
+    """The most rows a sentence's search holds, from the candidates per row it takes from a step (decoding's
+    `candidates`: greedy 2, beam k 2k + 1)."""
+    return max(1, candidates // 2)
+
+
 def usable_providers(requested: tuple[str, ...]) -> list[str]:
     """The requested providers this onnxruntime build has, CPU last as the fallback."""
     import onnxruntime as ort  # here, not at the top: see the module docstring
@@ -427,15 +433,17 @@ class OnnxRuntime:
         real text, 16 positions against 52). A step of one row (up to `single_row_rows`) runs the folder's step graph
         for one row (format 6) if it has one: the same outputs, its products over 8-bit weights in blocks, which
         ONNX Runtime reads faster for one row, and on a decoder whose weights stream from memory for a few (the
-        paper-size model: 1.40x at 2 rows, 1.09x at 4, 0.95x at 6; the default model 0.96x at 2). The choice is
-        made when the cache's arrays are bound: rows, sentences and sources change only with a new binding.
+        paper-size model: 1.40x at 2 rows, 1.09x at 4, 0.95x at 6; the default model 0.96x at 2), unless its
+        searches will hold more rows than that at the next step (a beam's first step: `_step_graph`). The choice
+        is made when the cache's arrays are bound: rows, sentences, sources and the top-K's width change only with
+        a new binding.
         `log_softmax` False (and not `full`): a graph of format 8 skips the log-softmax over the vocabulary, and
         its candidates' values are the logits, in the same order; older graphs, and float16 ones, always normalise."""
         longest = cache.make_room()  # a free slot per row, before the buffers are bound
         width = self.candidates.width(candidates)
         bound = cache.bound  # the cache drops it whenever the arrays it binds change
         if bound is None or bound.full != full or bound.width != width:
-            bound = cache.bound = self._bind(cache, full, width, self._step_graph(cache))
+            bound = cache.bound = self._bind(cache, full, width, self._step_graph(cache, candidates))
         bound.input_ids[:] = input_ids  # (B,)
         if bound.attention_lengths is not None:
             seqlens_k, total = bound.attention_lengths
@@ -455,9 +463,14 @@ class OnnxRuntime:
         top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.candidates.is_banned, kept)
         return StepOutput(top_log_probs, top_ids, *rest)
 
-    def _step_graph(self, cache: DecoderCache) -> str:
-        """Which step graph runs this cache's steps (see step)."""
-        if self.single is not None and cache.rows <= self._single_rows:  # opened on CPU only: a host cache
+    def _step_graph(self, cache: DecoderCache, candidates: int) -> str:
+        """Which step graph runs this cache's steps (see step). The one-row graph only where the searches stay
+        within its rows: a beam's first step has one row a sentence and its next ones k (rows_per_sentence). Run
+        for that one step, its weights push the step graph's out of the caches before the steps that follow (the
+        default model, beam 4 at batch 1, on the step graph throughout: 0.93-0.97x the time a sentence of 32 tokens,
+        0.81-0.96x of 8, 6 rounds alternating in one process)."""
+        rows = max(cache.rows, cache.sentences * rows_per_sentence(candidates))  # (the most, this step or next)
+        if self.single is not None and rows <= self._single_rows:  # opened on CPU only: a host cache
             return "decoder_step_single"
         return "decoder_step_ragged" if self._ragged_fits(cache) else "decoder_step"
 

@@ -384,7 +384,7 @@ def test_a_step_of_one_row_runs_the_step_graph_for_one_row(quantized: Path) -> N
             for cache in caches.values():
                 cache.select(np.array([1]))
         tokens = rng.integers(4, cfg.tgt_vocab_size, caches["single"].rows)
-        out = {name: runtimes[name].step(tokens, cache, full=True) for name, cache in caches.items()}
+        out = {name: runtimes[name].step(tokens, cache, full=True, candidates=2) for name, cache in caches.items()}
         one_row = caches["single"].rows == 1
         assert caches["single"].bound.graph == ("decoder_step_single" if one_row else "decoder_step")
         assert caches["plain"].bound.graph == "decoder_step"
@@ -479,6 +479,37 @@ def test_a_decoder_whose_weights_stream_from_memory_runs_the_one_row_graph_for_a
         graphs.append((cache.rows, cache.bound.graph))
     single, step = "decoder_step_single", "decoder_step"
     assert graphs == [(1, single), (2, single), (3, step), (3, step), (2, single), (2, single)]
+
+
+@pytest.mark.parametrize("single_rows", [1, 4])  # the default model's, the paper size's
+def test_a_beam_takes_the_one_row_graph_only_where_its_next_steps_would(quantized: Path, single_rows: int) -> None:
+    """A beam's first step has one row a sentence, its next ones k: it runs the step graph from the first step
+    unless the one-row graph takes k rows too (its weights, brought in for one step, would push the step graph's
+    out of the caches). Greedy rows keep the one-row graph. Whole searches decode as before either way."""
+    folder = load_model_folder(quantized)
+    runtime = OnnxRuntime(folder, "int8", SessionSettings(single_row_rows=single_rows))
+    cfg, ids = folder.manifest.config, folder.manifest.special_ids
+    graphs: list[tuple[int, str]] = []
+    step = runtime.step
+
+    def recorded(input_ids: np.ndarray, cache: DecoderCache, **kwargs: object) -> object:
+        out = step(input_ids, cache, **kwargs)
+        graphs.append((input_ids.shape[0], cache.bound.graph))
+        return out
+
+    runtime.step = recorded  # type: ignore[method-assign]
+    rng = np.random.default_rng(9)
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    single, step_graph = "decoder_step_single", "decoder_step"
+    for beam, sentences in ((1, 1), (4, 1), (2, 2)):
+        sources = [list(rng.integers(4, cfg.src_vocab_size, 5 + i)) for i in range(sentences)]
+        options = [SearchOptions(beam, 6, min_new_tokens=6)] * sentences
+        graphs.clear()
+        decode_batch(runtime, sources, options, rules)
+        most = beam * sentences  # rows from the second step on
+        expected = single if most <= single_rows else step_graph
+        assert graphs[0] == (sentences, expected)  # the first step: one row a sentence
+        assert all(graph == expected for _, graph in graphs[1:]) and graphs[1][0] == most
 
 
 def test_on_cuda_an_int8_default_gives_way_to_fp16_where_it_runs_else_fp32(
@@ -661,8 +692,8 @@ def test_a_step_asked_not_to_normalise_gives_the_same_candidates_as_logits(quant
             cache.add(memory.keys, memory.values, mask)
         for t in range(6):
             tokens = rng.integers(4, cfg.tgt_vocab_size, sentences)
-            normalised = runtime.step(tokens, caches[0], candidates=5)
-            raw = runtime.step(tokens, caches[1], candidates=5, log_softmax=t % 2 == 1)  # one binding, both ways
+            normalised = runtime.step(tokens, caches[0], candidates=2)  # greedy rows' (the one-row graph's)
+            raw = runtime.step(tokens, caches[1], candidates=2, log_softmax=t % 2 == 1)  # one binding, both ways
             np.testing.assert_array_equal(raw.top_ids, normalised.top_ids)
             if t % 2 == 1:
                 np.testing.assert_allclose(raw.top_log_probs, normalised.top_log_probs, atol=1e-6)
