@@ -1,7 +1,8 @@
 """Engine benchmark: our runtime (fp32, int8) against transformers' generate (PyTorch, fp32) and
 CTranslate2 (float32, int8) on exactly the same weights; greedy and beam 4, batch 1 and 32; every
 output forced to 32 tokens so that every engine does the same work. Each engine lives in its own worker
-process (so its peak RSS is its own, and loading is not timed); the runs alternate between engines.
+process (so its peak RSS is its own, and loading is not timed); the engines take turns within each round (8
+sentences at batch 1, two batches at 32), so that the machine's drift falls on all of them alike.
 
     python -m bench.engine paper     # paper-size Marian-shaped model, random weights (fixed seed)
     python -m bench.engine default   # the shipped default model: the same workload, then real text (in
@@ -20,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,8 +191,9 @@ def worker(kind: str, args: dict[str, Any], conn: Any) -> None:
         if job[0] == "alone":
             conn.send(one_at_a_time(engine, job[1]))
             continue
-        sources, beam, batch, forced = job
-        engine.translate(sources[:batch], beam, batch, forced)  # warm-up at this shape
+        sources, beam, batch, forced, warm_up = job
+        if warm_up:
+            engine.translate(sources[:batch], beam, batch, forced)  # at this shape, before a round's first turn
         started = time.perf_counter()
         outputs = engine.translate(sources, beam, batch, forced)
         conn.send((time.perf_counter() - started, outputs, rss_mb()))
@@ -226,8 +228,11 @@ class Engine:
             raise RuntimeError(loaded)
         self.loaded_rss_mb: float = loaded
 
-    def run(self, sources: list[list[int]], setting: Setting, forced: int | None) -> tuple[Result, list[list[int]]]:
-        self.conn.send((sources[: setting.sentences], setting.beam, setting.batch, forced))
+    def run(
+        self, sources: list[list[int]], setting: Setting, forced: int | None, warm_up: bool = True
+    ) -> tuple[Result, list[list[int]]]:
+        """The first `setting.sentences` sources, timed; `warm_up`: a batch of them untimed first."""
+        self.conn.send((sources[: setting.sentences], setting.beam, setting.batch, forced, warm_up))
         seconds, outputs, rss = self.conn.recv()
         tokens = sum(len(o) for o in outputs)
         return Result(self.name, setting.beam, setting.batch, setting.sentences, tokens, seconds, rss), outputs
@@ -463,26 +468,51 @@ def start_engines(base: Path, which: list[str], device: str) -> list[Engine]:
     return engines
 
 
+TURN_SENTENCES = 8  # the fewest sentences an engine translates before the next takes its turn (batch 1)
+TURN_BATCHES = 2  # ... and batches, at larger batches
+
+
+def turn_size(setting: Setting) -> int:
+    """Sentences an engine translates in one turn: engines take turns within a round, so that a drift of the
+    machine's speed over a setting's seconds falls on every engine alike (8 sentences at batch 1, 64 at 32)."""
+    return max(TURN_SENTENCES, TURN_BATCHES * setting.batch)
+
+
 def benchmark(engines: list[Engine], sources: list[list[int]], settings: list[Setting], rounds: int) -> list[Result]:
-    """Every setting, engines alternating (the order rotates each round); the best round per engine."""
+    """Every setting, engines taking turns (`turn_size` sentences each, the order rotating each turn and round),
+    each engine's turns of a round summed; the best round per engine."""
     best: dict[tuple[str, int, int], Result] = {}
     for setting in settings:
+        size = turn_size(setting)
         for round_ in range(rounds):
-            for engine in rotated(engines, round_):
-                if setting.batch % engine.streams:
-                    continue  # a batch too small to split: the engine without a layout is that setting's figure
-                result, outputs = engine.run(sources, setting, FORCED)
-                if any(len(o) != FORCED for o in outputs):
-                    raise SystemExit(f"{engine.name} did not produce {FORCED} tokens per sentence")
-                key = (engine.name, setting.beam, setting.batch)
+            summed: dict[str, Result] = {}
+            for turn, start in enumerate(range(0, setting.sentences, size)):
+                part = replace(setting, sentences=min(size, setting.sentences - start))
+                for engine in rotated(engines, round_ + turn):
+                    if setting.batch % engine.streams:
+                        continue  # a batch too small to split: the engine without a layout is that setting's figure
+                    result, outputs = engine.run(sources[start:], part, FORCED, warm_up=turn == 0)
+                    if any(len(o) != FORCED for o in outputs):
+                        raise SystemExit(f"{engine.name} did not produce {FORCED} tokens per sentence")
+                    summed[engine.name] = combined(summed[engine.name], result) if engine.name in summed else result
+            for name, result in summed.items():
+                key = (name, setting.beam, setting.batch)
                 if key not in best or result.seconds < best[key].seconds:
                     best[key] = result
-                print(
-                    f"  {engine.name:18} beam {setting.beam} batch {setting.batch:2}: "
-                    f"{result.tokens_per_second:8,.0f} tok/s",
-                    flush=True,
-                )
+                speed = result.tokens_per_second
+                print(f"  {name:18} beam {setting.beam} batch {setting.batch:2}: {speed:8,.0f} tok/s", flush=True)
     return list(best.values())
+
+
+def combined(first: Result, then: Result) -> Result:
+    """Two turns of one engine at one setting as one result: sentences, tokens and seconds added, the peak kept."""
+    return replace(
+        first,
+        sentences=first.sentences + then.sentences,
+        tokens=first.tokens + then.tokens,
+        seconds=first.seconds + then.seconds,
+        peak_rss_mb=max(first.peak_rss_mb, then.peak_rss_mb),
+    )
 
 
 def same_layout(engine: str, reference: str) -> str:

@@ -10,6 +10,7 @@ from bench.engine import (
     FORCED,
     THREADS,
     Engine,
+    Result,
     Setting,
     alone_latencies,
     benchmark,
@@ -19,6 +20,7 @@ from bench.engine import (
     real_text_table,
     split_layout,
     table,
+    turn_size,
     written_by_this_exporter,
 )
 
@@ -56,6 +58,51 @@ def test_engines_run_in_workers_with_forced_lengths_and_report_tables(model_dir:
     assert f"| greedy | 4 | {fastest.tokens_per_second:,.0f} | {layout} |" in best  # ours in its fastest layout
     memory = memory_table(results, {e.name: e.loaded_rss_mb for e in engines})
     assert memory.count("\n") == 4 and "ours-int8" in memory
+
+
+class TurnTaker:
+    """An engine without a worker: each run is logged and takes a second a sentence (two for "slow")."""
+
+    def __init__(self, name: str, log: list[tuple[str, int, bool]], streams: int = 1) -> None:
+        self.name, self.log, self.streams = name, log, streams
+
+    def run(self, sources: list[list[int]], setting: Setting, forced: int, warm_up: bool = True) -> tuple[Result, list]:
+        self.log.append((self.name, setting.sentences, warm_up))
+        seconds = setting.sentences * (2.0 if self.name == "slow" else 1.0)
+        result = Result(
+            self.name,
+            setting.beam,
+            setting.batch,
+            setting.sentences,
+            setting.sentences * forced,
+            seconds,
+            100.0 + len(self.log),
+        )
+        return result, [[7] * forced] * setting.sentences
+
+
+def test_engines_take_turns_within_a_round_and_each_rounds_turns_are_summed() -> None:
+    """Batch 1: turns of 8 sentences, the order rotating at each turn; the first turn of a round warms up; a
+    round's turns add up to the whole setting; a layout that cannot split batch 1 takes no turn."""
+    log: list[tuple[str, int, bool]] = []
+    engines = [TurnTaker("fast", log), TurnTaker("slow", log), TurnTaker("fast@2x1", log, streams=2)]
+    sources = [[5, 6, 3]] * 20
+    results = benchmark(engines, sources, [Setting(beam=1, batch=1, sentences=20)], rounds=2)  # type: ignore[arg-type]
+    assert turn_size(Setting(1, 1, 20)) == 8 and turn_size(Setting(1, 32, 256)) == 64
+    assert [(name, n) for name, n, _ in log[:6]] == [
+        ("fast", 8),
+        ("slow", 8),
+        ("slow", 8),
+        ("fast", 8),
+        ("fast", 4),
+        ("slow", 4),
+    ]  # 8 + 8 + 4, turns rotating
+    assert [warm for _, _, warm in log] == [True, True] + [False] * 4 + [True, True] + [False] * 4
+    by_name = {r.engine: r for r in results}
+    assert set(by_name) == {"fast", "slow"}
+    assert by_name["fast"].sentences == 20 and by_name["fast"].tokens == 20 * FORCED
+    assert by_name["fast"].seconds == 20.0 and by_name["slow"].seconds == 40.0
+    assert by_name["slow"].peak_rss_mb == 100.0 + 6  # the highest of its best round's turns (the first: a tie)
 
 
 def test_real_text_ratios_set_each_layout_against_ours_in_it() -> None:
