@@ -7,15 +7,21 @@ import pytest
 
 from service.decoding import BeamSearch, GreedySearch, SearchOptions, candidates, new_search, stay_in_parent_rows
 from service.engine import (
+    TokenRules,
     advance_all,
     advance_each,
     advance_greedy,
     candidates_needed,
+    decode_batches,
     last_tokens,
     log_softmax_needed,
+    longest_first,
     place,
 )
-from tests.fakes import top_k
+from tests.fakes import EOS as FAKE_EOS
+from tests.fakes import PAD as FAKE_PAD
+from tests.fakes import START as FAKE_START
+from tests.fakes import FakeRuntime, top_k
 
 VOCAB, EOS, START = 5, 0, 4
 TOP = VOCAB - 1  # every allowed token is a candidate: searches see what a full distribution would give
@@ -184,3 +190,19 @@ def test_a_step_normalises_only_for_searches_that_read_log_probs() -> None:
     run(unscored[0])
     hypothesis = unscored[0].results()[0]
     assert np.isnan(hypothesis.log_prob) and np.isnan(hypothesis.score) and hypothesis.tokens
+
+
+def test_streams_take_the_costliest_batches_first_and_give_every_batch_its_own_results_in_order() -> None:
+    """Rows times the longest source orders the batches, the costliest first (ties in their order); two streams
+    give the results one stream gives, batch by batch in the batches' order."""
+    rng = np.random.default_rng(3)
+    lengths = [3, 3, 4, 9, 9, 12, 2]  # the longest source of each batch
+    batches = [[list(rng.integers(3, 12, n)) for n in (length, 2)] for length in lengths]  # (2 rows each)
+    batches.append([list(rng.integers(3, 12, 5))] * 5)  # 5 rows of 5: the costliest
+    assert longest_first(batches) == [7, 5, 3, 4, 2, 0, 1, 6]
+    assert longest_first([]) == []
+    rules = TokenRules(FAKE_START, FAKE_EOS, FAKE_PAD)
+    options = [[SearchOptions(beam, 12)] * len(b) for b, beam in zip(batches, [1, 2] * 4, strict=True)]
+    one = list(decode_batches(FakeRuntime(), batches, options, rules, streams=1))
+    two = list(decode_batches(FakeRuntime(), batches, options, rules, streams=2))
+    assert [[h[0].tokens for h in results] for results in two] == [[h[0].tokens for h in results] for results in one]
