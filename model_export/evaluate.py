@@ -83,7 +83,9 @@ class StaticBatches:
     def translate(self, sources: list[str], beam_size: int, batch_size: int) -> tuple[list[str], int, float]:
         """-> (translations, target tokens, seconds of decoding and detokenising)."""
         encoded = [self.tokenizer.encode(s, self.target) for s in sources]
-        order = sorted(range(len(sources)), key=lambda i: len(encoded[i]))
+        # longest first: the order decode_batches' streams take batches in (longest_first), so that its results,
+        # yielded in the batches' order, come as they finish and the progress bar moves
+        order = sorted(range(len(sources)), key=lambda i: -len(encoded[i]))
         size = max(1, batch_size // self.streams)
         batches = [order[start : start + size] for start in range(0, len(order), size)]
         cap = [min(256, 2 * len(ids) + 10) for ids in encoded]
