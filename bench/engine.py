@@ -671,6 +671,17 @@ def real_text_table(rows: dict[str, tuple[float, float, float]], reference: str 
     return "\n".join(lines)
 
 
+def sizes(parser: argparse.ArgumentParser, option: str, value: str) -> list[int]:
+    """A comma-separated list of sizes ("1,4"), each at least 1, or the parser's error naming the option."""
+    try:
+        numbers = [int(part) for part in value.split(",")]
+    except ValueError:
+        numbers = []
+    if not numbers or min(numbers) < 1:
+        parser.error(f"{option}: comma-separated whole numbers of at least 1, e.g. 1,4 (got {value!r})")
+    return numbers
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=["paper", "default"])
@@ -685,6 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="default: real-text run")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every engine on the GPU")
     parser.add_argument("--skip-forced", action="store_true", help="default: only the real-text run")
+    parser.add_argument("--skip-real-text", action="store_true", help="default: only the forced workload")
+    parser.add_argument("--beams", default="1,4", help="the forced workload's beam sizes, comma-separated")
+    parser.add_argument("--batches", default="32,1", help="the forced workload's batch sizes, comma-separated")
     parser.add_argument(
         "--alone-sentences",
         type=int,
@@ -694,18 +708,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.alone_sentences is not None and args.alone_sentences < 0:
         parser.error("--alone-sentences: a count of sentences, 0 or more")
+    beams, batches = sizes(parser, "--beams", args.beams), sizes(parser, "--batches", args.batches)
     machine = describe(args.device)
     print(headline(machine), flush=True)
     which = (args.engines or (GPU_ENGINES if args.device == "cuda" else CPU_ENGINES)).split(",")
-    real_text_run = args.model == "default" and (args.corpus / "test.en").is_file()
-    if args.model == "default" and not real_text_run:
+    real_text_run = args.model == "default" and not args.skip_real_text and (args.corpus / "test.en").is_file()
+    if args.model == "default" and not args.skip_real_text and not real_text_run:
         print(f"{args.corpus / 'test.en'} not found: no real-text run (python -m model_export.corpus build makes it)")
     base = prepare_paper(args.seed, which) if args.model == "paper" else prepare_default(args.checkpoint)
     sources = random_sources(base / "hf", max(args.sentences, args.sentences_batch_1), 24, args.seed)
     settings = [
         Setting(beam, batch, args.sentences if batch > 1 else args.sentences_batch_1)
-        for beam in (1, 4)
-        for batch in (32, 1)
+        for beam in beams
+        for batch in batches
     ]
     engines = start_engines(base, which, args.device)
     try:
