@@ -174,7 +174,11 @@ def decode_batches(
         return
     with ThreadPoolExecutor(streams) as pool:
         started = {i: pool.submit(decode_batch, runtime, batches[i], options[i], rules) for i in longest_first(batches)}
-        yield from (started[i].result() for i in range(len(batches)))
+        try:
+            yield from (started[i].result() for i in range(len(batches)))
+        finally:  # a batch failed, or the caller stopped early: the batches not begun never will be
+            for future in started.values():
+                future.cancel()
 
 
 def longest_first(batches: list[list[list[int]]]) -> list[int]:

@@ -206,3 +206,14 @@ def test_streams_take_the_costliest_batches_first_and_give_every_batch_its_own_r
     one = list(decode_batches(FakeRuntime(), batches, options, rules, streams=1))
     two = list(decode_batches(FakeRuntime(), batches, options, rules, streams=2))
     assert [[h[0].tokens for h in results] for results in two] == [[h[0].tokens for h in results] for results in one]
+
+
+def test_when_a_batch_fails_in_a_stream_its_error_is_raised_and_the_batches_not_begun_never_are() -> None:
+    runtime = FakeRuntime()
+    runtime.fail_next_encode = True  # the first batch to start: the costliest
+    batches = [[[5, 6, 7, 8, 9][: 5 - i]] * 2 for i in range(4)] * 3  # (12 batches, the costliest first)
+    options = [[SearchOptions(1, 4)] * len(b) for b in batches]
+    rules = TokenRules(FAKE_START, FAKE_EOS, FAKE_PAD)
+    with pytest.raises(RuntimeError, match="injected encoder failure"):
+        list(decode_batches(runtime, batches, options, rules, streams=2))
+    assert len(runtime.encoder_calls) < len(batches) - 1  # (the failed call is not counted)
