@@ -392,8 +392,12 @@ class Scheduler:
             return not self.waiting and not self.encoding and not self.active
 
     def warm_up(self, src_ids: list[int]) -> None:
-        """One real translation through both graphs (before `start`): the first runs allocate and prepack."""
-        decode_batch(self.runtime, [src_ids], [SearchOptions(beam_size=2, max_new_tokens=8)], self.rules)
+        """Real translations through the encoder and the step graphs (before `start`): the first runs allocate and
+        prepack. A greedy sentence alone, the server's default search (the one-row graph, where it is opened: a cold
+        first run cost the default model's first greedy sentence ~1 ms), then three sentences of beam 2, six rows
+        from their first step on (the step graph, past the few rows any one-row graph takes)."""
+        decode_batch(self.runtime, [src_ids], [SearchOptions(max_new_tokens=8)], self.rules)
+        decode_batch(self.runtime, [src_ids] * 3, [SearchOptions(beam_size=2, max_new_tokens=8)] * 3, self.rules)
 
     # -- the worker thread -----------------------------------------------------------------------
 

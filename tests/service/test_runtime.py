@@ -512,6 +512,28 @@ def test_a_beam_takes_the_one_row_graph_only_where_its_next_steps_would(quantize
         assert all(graph == expected for _, graph in graphs[1:]) and graphs[1][0] == most
 
 
+@pytest.mark.parametrize("single_rows", [1, 4])
+def test_the_warm_up_runs_the_one_row_graph_and_the_step_graph(quantized: Path, single_rows: int) -> None:
+    """A server's warm-up translates through the encoder, the one-row graph (a greedy sentence: the default
+    search) and the step graph (rows past what the one-row graph takes), whatever rows the one-row graph takes."""
+    from service.scheduler import BatchLimits, Scheduler
+
+    folder = load_model_folder(quantized)
+    runtime = OnnxRuntime(folder, "int8", SessionSettings(single_row_rows=single_rows))
+    ids = folder.manifest.special_ids
+    bound: list[str] = []
+    bind = runtime._bind
+
+    def recorded(cache: DecoderCache, full: bool, width: int, graph: str) -> object:
+        bound.append(graph)
+        return bind(cache, full, width, graph)
+
+    runtime._bind = recorded  # type: ignore[method-assign]
+    scheduler = Scheduler(runtime, TokenRules(ids.decoder_start, ids.eos, ids.pad), BatchLimits(), Metrics(), "t")
+    scheduler.warm_up([5, 6, 7, 8])
+    assert {"decoder_step_single", "decoder_step"} <= set(bound)
+
+
 def test_on_cuda_an_int8_default_gives_way_to_fp16_where_it_runs_else_fp32(
     quantized: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
