@@ -51,6 +51,12 @@ def candidates(options: SearchOptions) -> int:
     return 2 if options.beam_size == 1 else 2 * options.beam_size + 1
 
 
+def rows_per_sentence(candidates: int) -> int:
+    """`candidates` read backwards: the most rows a sentence's search holds, from the candidates per row it takes
+    from a step (greedy 2: one row; beam k 2k + 1: k rows). The runtime's choice of step graph looks ahead with it."""
+    return max(1, candidates // 2)
+
+
 @dataclass
 class GreedySearch:
     """The most probable token at every step (beam size 1)."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
+from service.decoding import rows_per_sentence
 from service.errors import ModelFolderError
 from service.kv_cache import DecoderCache
 from service.model_folder import GRAPHS, GraphSpec, ModelFolder, VariantSpec, check_graph_io
@@ -119,12 +120,6 @@ class Runtime(Protocol):
         `log_softmax` False: no row needs log-probabilities, only the order of its candidates (greedy rows whose
         scores nobody reads); the candidates' values may then be logits."""
         ...
-
-
-def rows_per_sentence(candidates: int) -> int:
-    """The most rows a sentence's search holds, from the candidates per row it takes from a step (decoding's
-    `candidates`: greedy 2, beam k 2k + 1)."""
-    return max(1, candidates // 2)
 
 
 def usable_providers(requested: tuple[str, ...]) -> list[str]:
