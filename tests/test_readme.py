@@ -71,3 +71,13 @@ def test_every_documented_command_line_parses(module: str, argv: list[str], monk
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parsed)
     with pytest.raises(_Parsed):
         runnable.main(argv)
+
+
+def test_every_documented_variable_exists() -> None:
+    """Each `MT_` name README.md and docs/ give is a setting the server reads or a variable the compose files take."""
+    settings = {f"MT_{name.upper()}" for name in Settings.model_fields}
+    compose = "".join(path.read_text(encoding="utf-8") for path in ROOT.glob("docker-compose*.yml"))
+    texts = [README] + [path.read_text(encoding="utf-8") for path in sorted((ROOT / "docs").glob("*.md"))]
+    named = {name for text in texts for name in re.findall(r"\bMT_[A-Z0-9_]+", text)}
+    unknown = sorted(name for name in named - settings if not re.search(rf"\b{name}\b", compose))
+    assert not unknown
