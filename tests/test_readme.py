@@ -81,3 +81,13 @@ def test_every_documented_variable_exists() -> None:
     named = {name for text in texts for name in re.findall(r"\bMT_[A-Z0-9_]+", text)}
     unknown = sorted(name for name in named - settings if not re.search(rf"\b{name}\b", compose))
     assert not unknown
+
+
+def test_every_documented_metric_exists() -> None:
+    """Each `mt_` metric README.md and docs/ name is one the server exports (counters named with `_total` or
+    without, histograms with their `_bucket`, `_sum` or `_count`)."""
+    exported = {m.name for m in Metrics().registry.collect()}
+    texts = [README] + [path.read_text(encoding="utf-8") for path in sorted((ROOT / "docs").glob("*.md"))]
+    named = {name for text in texts for name in re.findall(r"\bmt_[a-z0-9_]+", text)}
+    unknown = sorted(name for name in named if re.sub(r"_(total|bucket|sum|count)$", "", name) not in exported)
+    assert not unknown
