@@ -130,12 +130,12 @@ def pick_examples(sources: list[str], references: list[str], hypotheses: list[st
 
 def evaluate(
     folder_path: Path, corpus: Path, split: str = "test", variant: str | None = None, beam_size: int = 1,
-    batch_size: int = 32, threads: int = 2, limit: int | None = None,
+    batch_size: int = 32, threads: int = 2, limit: int | None = None, streams: int = 1,
 ) -> EvalReport:
     manifest = load_model_folder(folder_path, verify_checksums=False).manifest
     sources, references = read_split(corpus, split, manifest.source_language, manifest.target_languages[0])
     sources, references = sources[:limit], references[:limit]
-    hypotheses, tokens, seconds = translate_all(folder_path, sources, variant, beam_size, batch_size, threads)
+    hypotheses, tokens, seconds = translate_all(folder_path, sources, variant, beam_size, batch_size, threads, streams)
     with_placeholders = [i for i, s in enumerate(sources) if placeholders(s)]
     return EvalReport(
         model=manifest.name, variant=variant or manifest.default_variant, split=split, beam_size=beam_size,

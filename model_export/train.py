@@ -264,6 +264,8 @@ def average_checkpoints(paths: list[Path]) -> ckpt.Checkpoint:
 
 def train(opts: TrainOptions) -> Path:
     """Runs (or resumes) training until max_steps or the time budget; returns the averaged checkpoint."""
+    if not opts.tokenizer.is_file():
+        raise ExportError(f"tokenizer not found: {opts.tokenizer} (make it: `python -m model_export.corpus tokenizer`)")
     torch.set_num_threads(opts.threads)
     opts.out.mkdir(parents=True, exist_ok=True)
     sp = spm.SentencePieceProcessor(model_file=str(opts.tokenizer))

@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+from model_export.arguments import non_negative_int, positive_int
 from model_export.corpus import CorpusError
 from model_export.corpus.build import BuildOptions, build
 from model_export.corpus.pins import DEFAULT_PINS, load_pins
@@ -26,17 +27,17 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=Path("data/corpus"), help="output directory")
     b.add_argument("--cache", type=Path, default=Path("data/cache"), help="download/extraction cache")
     b.add_argument("--packages", type=Path, default=DEFAULT_PINS, help="pinned package list")
-    b.add_argument("--dev-size", type=int, default=2000)
-    b.add_argument("--test-size", type=int, default=2000)
-    b.add_argument("--seed", type=int, default=1234)
+    b.add_argument("--dev-size", type=positive_int, default=2000)
+    b.add_argument("--test-size", type=positive_int, default=2000)
+    b.add_argument("--seed", type=non_negative_int, default=1234)
     t = commands.add_parser("tokenizer", help="train the shared SentencePiece model on the train split")
     t.add_argument("--corpus", type=Path, default=Path("data/corpus"))
-    t.add_argument("--vocab-size", type=int, default=8000)
+    t.add_argument("--vocab-size", type=positive_int, default=8000)
     t.add_argument(
         "--out", type=Path, default=Path("data/corpus/spm"), help="directory for spm.model/spm.vocab"
     )
     t.add_argument(
-        "--input-sentence-size", type=int, default=1_000_000, help="sentences sampled for training"
+        "--input-sentence-size", type=positive_int, default=1_000_000, help="sentences sampled for training"
     )
     return parser
 

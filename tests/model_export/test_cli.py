@@ -56,7 +56,11 @@ def test_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     ],
 )
 def test_verify_refuses_a_damaged_folder(
-    damage, message: str, checkpoint_path: Path, model_dir: Path, tmp_path: Path  # noqa: ANN001
+    damage,
+    message: str,
+    checkpoint_path: Path,
+    model_dir: Path,
+    tmp_path: Path,  # noqa: ANN001
 ) -> None:
     folder = Path(shutil.copytree(model_dir, tmp_path / "f"))
     damage(folder)
@@ -64,3 +68,88 @@ def test_verify_refuses_a_damaged_folder(
     assert result.returncode == EXIT_BAD_INPUT
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["evaluate", "--model-dir", "m", "--batch-size", "0"],
+            "argument --batch-size: must be a whole number of at least 1, not 0",
+        ),
+        (["evaluate", "--model-dir", "m", "--beam-size", "x"], "argument --beam-size: 'x' is not a whole number"),
+        (
+            ["evaluate", "--model-dir", "m", "--limit", "-1"],
+            "argument --limit: must be a whole number of at least 1, not -1",
+        ),
+        (
+            ["evaluate", "--model-dir", "m", "--streams", "0"],
+            "argument --streams: must be a whole number of at least 1",
+        ),
+        (
+            ["train", "--corpus", "c", "--tokenizer", "t", "--out", "o", "--max-steps", "-5"],
+            "argument --max-steps: must be",
+        ),
+        (
+            ["train", "--corpus", "c", "--tokenizer", "t", "--out", "o", "--warmup-steps", "0"],
+            "argument --warmup-steps: must",
+        ),
+        (
+            ["train", "--corpus", "c", "--tokenizer", "t", "--out", "o", "--dropout", "1"],
+            "argument --dropout: must be a number from 0",
+        ),
+        (
+            ["train", "--corpus", "c", "--tokenizer", "t", "--out", "o", "--peak-lr=-1e-3"],
+            "argument --peak-lr: must be a number above 0",
+        ),
+        (
+            ["verify", "--checkpoint", "c", "--model-dir", "m", "--tolerance", "0"],
+            "argument --tolerance: must be a number above 0",
+        ),
+        (["params", "--vocab", "0"], "argument --vocab: must be a whole number of at least 1"),
+    ],
+)
+def test_a_number_out_of_range_is_refused_before_any_work(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse refuses it, naming the option and what it takes, with exit status 2: no model is loaded, no file read
+    (the paths given do not exist)."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err
+
+
+def test_the_corpus_commands_refuse_numbers_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
+    from model_export.corpus.__main__ import main as corpus_main
+
+    for argv, option in (
+        (["tokenizer", "--vocab-size", "0"], "--vocab-size"),
+        (["build", "--test-size", "-3"], "--test-size"),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            corpus_main(argv)
+        assert (
+            stopped.value.code == 2
+            and f"argument {option}: must be a whole number of at least 1" in capsys.readouterr().err
+        )
+
+
+def test_more_streams_than_threads_is_one_line(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["evaluate", "--model-dir", str(model_dir), "--threads", "1", "--streams", "2"]
+    assert main(argv) == EXIT_BAD_INPUT
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: --streams 2 needs at least as many --threads (each stream runs on its own)"
+    )
+
+
+def test_a_missing_tokenizer_stops_training_with_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "spm.model"
+    result = run_cli("train", "--corpus", str(tmp_path), "--tokenizer", str(missing), "--out", str(tmp_path / "run"))
+    assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip()
+        == f"error: tokenizer not found: {missing} (make it: `python -m model_export.corpus tokenizer`)"
+    )
+    assert not (tmp_path / "run").exists()  # refused before the run folder was made

@@ -1,0 +1,29 @@
+"""Argument types for the offline commands: a number out of range is refused by argparse, which names the option
+and exits with status 2 before any work starts (a batch size of 0 or a negative limit once ran with a silent
+meaning of their own, a beam size of 0 ended in a traceback)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def _number(parse: Callable[[str], float], noun: str, test: Callable[[float], bool], bound: str) -> Callable:
+    """An argparse type: `parse` the text as a `noun`, then hold it to `test` (`bound` says what passes)."""
+
+    def convert(text: str) -> float:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"must be {noun} {bound}, not {text}")
+        return value
+
+    return convert
+
+
+positive_int = _number(int, "a whole number", lambda v: v >= 1, "of at least 1")
+non_negative_int = _number(int, "a whole number", lambda v: v >= 0, "of at least 0")
+positive_float = _number(float, "a number", lambda v: v > 0, "above 0")
+fraction = _number(float, "a number", lambda v: 0 <= v < 1, "from 0 up to, not including, 1")
