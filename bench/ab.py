@@ -26,6 +26,7 @@ import numpy as np
 
 from bench.machine import describe, headline
 from bench.server import SERVER_LOG, free_port, measure, sentences, start_server, stop_server
+from model_export.arguments import positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 # (key in bench.server's figures, label, whether lower is better)
@@ -113,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b", type=Path, default=ROOT, help="arm B's checkout (default: this one)")
     parser.add_argument("--a-env", action="append", default=[], metavar="NAME=VALUE", help="for A's server")
     parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE", help="for B's server")
-    parser.add_argument("--pairs", type=int, default=6)
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--seconds", type=float, default=15.0, help="each run's measured window")
+    parser.add_argument("--pairs", type=positive_int, default=6)
+    parser.add_argument("--clients", type=positive_int, default=32)
+    parser.add_argument("--seconds", type=positive_float, default=15.0, help="each run's measured window")
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en")
-    parser.add_argument("--sentences", type=int, help="the test set's first N (default: all of it)")
+    parser.add_argument("--sentences", type=positive_int, help="the test set's first N (default: all of it)")
     parser.add_argument("--server-log", type=Path, default=SERVER_LOG, help="the servers' output, appended")
     args = parser.parse_args(argv)
     arms = {"A": (args.a.resolve(), environment(args.a_env)), "B": (args.b.resolve(), environment(args.b_env))}

@@ -29,6 +29,7 @@ import numpy as np
 
 from bench.machine import describe, headline
 from model_export import graph_io
+from model_export.arguments import non_negative_int, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "runs" / "bench"
@@ -686,13 +687,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=["paper", "default"])
     parser.add_argument("--engines", help=f"comma-separated; default on cpu: {CPU_ENGINES}; on cuda: {GPU_ENGINES}")
-    parser.add_argument("--sentences", type=int, default=256, help="sources at batch 32")
-    parser.add_argument("--sentences-batch-1", type=int, default=32, help="sources at batch 1 (slow engines)")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sentences", type=positive_int, default=256, help="sources at batch 32")
+    parser.add_argument("--sentences-batch-1", type=positive_int, default=32, help="sources at batch 1 (slow engines)")
+    parser.add_argument("--rounds", type=positive_int, default=2)
     parser.add_argument(
         "--checkpoint", type=Path, help="default: runs/en-fr/final.pt, else rebuilt from models/en-fr (from-folder)"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="default: real-text run")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every engine on the GPU")
     parser.add_argument("--skip-forced", action="store_true", help="default: only the real-text run")
@@ -701,13 +702,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="32,1", help="the forced workload's batch sizes, comma-separated")
     parser.add_argument(
         "--alone-sentences",
-        type=int,
+        type=non_negative_int,
         help="the real-text run's second part, each sentence alone on every engine of one stream: its first N"
         " sentences (default: the whole test set; 0: none)",
     )
     args = parser.parse_args(argv)
-    if args.alone_sentences is not None and args.alone_sentences < 0:
-        parser.error("--alone-sentences: a count of sentences, 0 or more")
     beams, batches = sizes(parser, "--beams", args.beams), sizes(parser, "--batches", args.batches)
     machine = describe(args.device)
     print(headline(machine), flush=True)

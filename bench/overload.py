@@ -32,6 +32,7 @@ from bench.load import Connection, run_load
 from bench.machine import describe, headline
 from bench.processes import rss_mb
 from bench.server import SERVER_LOG, free_port, start_server, stop_server
+from model_export.arguments import positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "runs" / "bench" / "models"
@@ -343,12 +344,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__.splitlines()[0])
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--bench-model", choices=sorted(BENCH_MODELS), default=None, help="serve a random model")
-    parser.add_argument("--clients", type=int, default=32, help="closed-loop clients that find the sustainable rate")
-    parser.add_argument("--calibrate-seconds", type=float, default=20.0)
-    parser.add_argument("--factor", type=float, default=4.0, help="overload = factor x the sustainable rate")
-    parser.add_argument("--normal-fraction", type=float, default=0.5, help="normal load = this x sustainable")
-    parser.add_argument("--overload-seconds", type=float, default=60.0)
-    parser.add_argument("--normal-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--clients", type=positive_int, default=32, help="closed-loop clients that find the sustainable rate"
+    )
+    parser.add_argument("--calibrate-seconds", type=positive_float, default=20.0)
+    parser.add_argument("--factor", type=positive_float, default=4.0, help="overload = factor x the sustainable rate")
+    parser.add_argument("--normal-fraction", type=positive_float, default=0.5, help="normal load = this x sustainable")
+    parser.add_argument("--overload-seconds", type=positive_float, default=60.0)
+    parser.add_argument("--normal-seconds", type=positive_float, default=30.0)
     parser.add_argument("--server-env", action="append", default=[], metavar="MT_X=V", help="a server setting")
     result = run(parser.parse_args(argv))
     overload = result["phases"][1]

@@ -24,6 +24,7 @@ from prometheus_client import generate_latest
 from bench.machine import describe, headline
 from bench.server import batch_figures, metric_totals
 from bench.server import sentences as test_sentences
+from model_export.arguments import positive_float, positive_int
 from service.decoding import SearchOptions
 from service.engine_process import EngineProcess
 from service.metrics import Metrics
@@ -108,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "en-fr", help="a model folder")
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en")
     parser.add_argument("--clients", default="32")
-    parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--sentences", type=int, help="the test set's first N (default: all of it)")
+    parser.add_argument("--seconds", type=positive_float, default=15.0)
+    parser.add_argument("--sentences", type=positive_int, help="the test set's first N (default: all of it)")
     args = parser.parse_args(argv)
     print(headline(describe()), flush=True)
     settings = Settings()

@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.load import run_load
 from bench.machine import describe, headline
 from bench.processes import cpu_seconds, own_cpu_seconds
+from model_export.arguments import positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_THREADS = 2  # the engine alone: this project's development machines have 2 cores
@@ -248,13 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="continuous,static,sequential")
     parser.add_argument("--variants", default="int8,fp32")
     parser.add_argument("--clients", default="1,8,32,128")
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--sentences", type=int, help="the test set's first N (default: all of it)")
+    parser.add_argument("--seconds", type=positive_float, default=20.0)
+    parser.add_argument("--sentences", type=positive_int, help="the test set's first N (default: all of it)")
     parser.add_argument(
-        "--rounds", type=int, default=1, help="repeat (engine alone, every mode, the engine again) this many times"
+        "--rounds", type=positive_int, default=1,
+        help="repeat (engine alone, every mode, the engine again) this many times",
     )
     parser.add_argument(
-        "--engine-seconds", type=float, default=10.0, help="the engine alone's measured window, after a warm-up pass"
+        "--engine-seconds", type=positive_float, default=10.0,
+        help="the engine alone's measured window, after a warm-up pass",
     )
     parser.add_argument("--server-log", type=Path, default=SERVER_LOG, help="the servers' output, appended")
     args = parser.parse_args(argv)

@@ -33,6 +33,7 @@ from bench.overload import (
     sustainable_rate,
 )
 from bench.server import SERVER_LOG, free_port, start_server, stop_server
+from model_export.arguments import non_negative_float, positive_float
 
 MAX_GROWTH = 0.05
 
@@ -75,10 +76,16 @@ async def soak(port: int, pid: int, rate: float, windows: int, window_seconds: f
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--warmup-minutes", type=float, default=None, help="default: a quarter of the run, at most 5")
-    parser.add_argument("--rate", type=float, default=None, help="requests/s; default: --fraction x sustainable")
-    parser.add_argument("--fraction", type=float, default=0.3, help="of the sustainable rate (closed loop, 32)")
+    parser.add_argument("--minutes", type=positive_float, default=30.0)
+    parser.add_argument(
+        "--warmup-minutes", type=non_negative_float, default=None, help="default: a quarter of the run, at most 5"
+    )
+    parser.add_argument(
+        "--rate", type=positive_float, default=None, help="requests/s; default: --fraction x sustainable"
+    )
+    parser.add_argument(
+        "--fraction", type=positive_float, default=0.3, help="of the sustainable rate (closed loop, 32)"
+    )
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--bench-model", choices=sorted(BENCH_MODELS), default=None, help="serve a random model")
     parser.add_argument("--server-env", action="append", default=[], metavar="MT_X=V", help="a server setting")

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import describe, headline
+from model_export.arguments import non_negative_int, positive_int
 from service.decoding import SearchOptions, candidates, needs_log_probs
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
@@ -115,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default=None, help="default: the folder's default variant")
     parser.add_argument("--rows", default="32", help="comma-separated, one column each (with --threads)")
     parser.add_argument("--threads", default="1", help="intra-op threads: one value, or one per --rows value")
-    parser.add_argument("--beam", type=int, default=1, help="rows per sentence; --rows must be a multiple")
-    parser.add_argument("--source", type=int, default=24, help="source tokens per sentence")
-    parser.add_argument("--slots", type=int, default=24, help="steps taken before the profiled ones")
-    parser.add_argument("--steps", type=int, default=10, help="profiled steps")
-    parser.add_argument("--top", type=int, default=12, help="operator types listed; the rest summed")
+    parser.add_argument("--beam", type=positive_int, default=1, help="rows per sentence; --rows must be a multiple")
+    parser.add_argument("--source", type=positive_int, default=24, help="source tokens per sentence")
+    parser.add_argument("--slots", type=non_negative_int, default=24, help="steps taken before the profiled ones")
+    parser.add_argument("--steps", type=positive_int, default=10, help="profiled steps")
+    parser.add_argument("--top", type=positive_int, default=12, help="operator types listed; the rest summed")
     args = parser.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
     threads = [int(t) for t in args.threads.split(",")]

@@ -25,5 +25,6 @@ def _number(parse: Callable[[str], float], noun: str, test: Callable[[float], bo
 
 positive_int = _number(int, "a whole number", lambda v: v >= 1, "of at least 1")
 non_negative_int = _number(int, "a whole number", lambda v: v >= 0, "of at least 0")
+non_negative_float = _number(float, "a number", lambda v: v >= 0, "of at least 0")
 positive_float = _number(float, "a number", lambda v: v > 0, "above 0")
 fraction = _number(float, "a number", lambda v: 0 <= v < 1, "from 0 up to, not including, 1")
