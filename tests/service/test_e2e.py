@@ -225,3 +225,16 @@ def test_a_second_server_on_the_machine_pins_to_another_core_or_not_at_all(model
     assert cores[1] == ([allowed[-2]] if len(allowed) > 2 else None)
     with running_server(model_dir, **claims) as third:  # the first two have exited: their claims went with them
         assert httpx.get(f"{third}/v1/models").json()["models"][0]["stream_cores"] == [allowed[-1]]
+
+
+@pytest.mark.parametrize("port", ["70000", "-5", "http"])
+def test_a_port_out_of_range_stops_the_start_before_anything_loads(
+    port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Out of range, asyncio's loop had bound the port modulo 65,536 (70000 listened on 4464)."""
+    from service.__main__ import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([f"--port={port}"])
+    assert stopped.value.code == 2
+    assert "argument --port: " in capsys.readouterr().err
