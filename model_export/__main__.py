@@ -205,12 +205,10 @@ def _add_marian(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_card(args: argparse.Namespace) -> int:
-    import json
-
     from model_export import checkpoint
-    from model_export.card import write_card
+    from model_export.card import read_reports, write_card
 
-    reports = [json.loads(path.read_text(encoding="utf-8")) for path in args.evaluations]
+    reports = read_reports(args.evaluations)
     card = write_card(args.model_dir, checkpoint.load(args.checkpoint), args.corpus, reports, args.title)
     print(f"wrote {card}")
     return 0

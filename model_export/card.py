@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from model_export.checkpoint import Checkpoint
+from model_export.errors import ExportError
 from model_export.export import variant_files
 from model_export.model import Transformer
 
@@ -154,7 +155,31 @@ def variant_bytes(folder: Path, variant: dict) -> int:
     return sum((folder / name).stat().st_size for name in files)
 
 
+REPORT_KEYS = ("variant", "beam_size", "sentences", "bleu", "chrf", "placeholder_sentences", "placeholder_exact",
+               "placeholder_accuracy", "seconds", "target_tokens", "examples")  # what the card reads of a report
+
+
+def read_reports(paths: list[Path]) -> list[dict]:
+    """The evaluation reports `evaluate --json` wrote, each checked for what the card reads of it."""
+    reports = []
+    for path in paths:
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ExportError(f"evaluation report not found: {path} (write one with `evaluate --json`)") from None
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ExportError(f"{path}: not a JSON evaluation report ({error})") from None
+        missing = [key for key in REPORT_KEYS if key not in report] if isinstance(report, dict) else list(REPORT_KEYS)
+        if missing:
+            raise ExportError(f"{path}: not an evaluation report of `evaluate --json`: no {', '.join(missing)}")
+        reports.append(report)
+    return reports
+
+
 def write_card(folder: Path, checkpoint: Checkpoint, corpus: Path, reports: list[dict], title: str) -> Path:
+    for needed in (folder / "manifest.json", corpus / "stats.json", corpus / "NOTICE"):
+        if not needed.is_file():
+            raise ExportError(f"{needed}: missing (the model folder `export` writes, the corpus `corpus build` writes)")
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     stats = json.loads((corpus / "stats.json").read_text(encoding="utf-8"))
     default = manifest["default_variant"]

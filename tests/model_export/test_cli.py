@@ -153,3 +153,62 @@ def test_a_missing_tokenizer_stops_training_with_one_line(tmp_path: Path) -> Non
         == f"error: tokenizer not found: {missing} (make it: `python -m model_export.corpus tokenizer`)"
     )
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
+
+
+def card_inputs(model_dir: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A copy of the tiny model's folder, a corpus with its test split, stats and NOTICE, and an evaluation report
+    of the folder on that split: what `card` reads."""
+    from model_export.evaluate import evaluate
+    from tests.factories import SENTENCES
+
+    folder, corpus = Path(shutil.copytree(model_dir, tmp_path / "folder")), tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "test.en").write_text("\n".join(SENTENCES[:6]) + "\n")
+    (corpus / "test.fr").write_text("\n".join(SENTENCES[6:12]) + "\n")
+    stats = {"pairs": {"train": 10, "dev": 2, "test": 6}, "packages": ["a"], "groups": {}, "dropped": {}}
+    (corpus / "stats.json").write_text(json.dumps(stats))
+    (corpus / "NOTICE").write_text("notice\n")
+    report = tmp_path / "fp32-greedy.json"
+    report.write_text(json.dumps(evaluate(folder, corpus, threads=1).to_dict()))
+    return folder, corpus, report
+
+
+def test_card_writes_the_folders_readme_from_its_reports(
+    checkpoint_path: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    folder, corpus, report = card_inputs(model_dir, tmp_path)
+    argv = ["card", "--model-dir", str(folder), "--checkpoint", str(checkpoint_path), "--corpus", str(corpus)]
+    assert main([*argv, "--evaluations", str(report)]) == 0
+    card = (folder / "README.md").read_text()
+    assert "| fp32 | greedy |" in card and "## Examples" in card and (folder / "NOTICE").read_text() == "notice\n"
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda report, corpus: report.unlink(),
+            "evaluation report not found: {report} (write one with `evaluate --json`)",
+        ),
+        (lambda report, corpus: report.write_text("{"), "{report}: not a JSON evaluation report"),
+        (
+            lambda report, corpus: report.write_text('{"bleu": 1}'),
+            "{report}: not an evaluation report of `evaluate --json`: no variant",
+        ),
+        (lambda report, corpus: (corpus / "stats.json").unlink(), "{corpus}/stats.json: missing"),
+    ],
+)
+def test_card_refuses_what_it_cannot_read_in_one_line(
+    damage,
+    message: str,
+    checkpoint_path: Path,
+    model_dir: Path,
+    tmp_path: Path,  # noqa: ANN001
+) -> None:
+    folder, corpus, report = card_inputs(model_dir, tmp_path)
+    damage(report, corpus)
+    argv = ["card", "--model-dir", str(folder), "--checkpoint", str(checkpoint_path), "--corpus", str(corpus)]
+    result = run_cli(*argv, "--evaluations", str(report))
+    assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
+    assert message.format(report=report, corpus=corpus) in result.stderr
+    assert not (folder / "README.md").exists() or "fp32 | greedy" not in (folder / "README.md").read_text()
