@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.machine import describe, headline
 from bench.server import SERVER_LOG, free_port, measure, sentences, start_server, stop_server
-from model_export.arguments import positive_float, positive_int
+from service.arguments import positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 # (key in bench.server's figures, label, whether lower is better)

@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.machine import describe, headline
 from model_export import graph_io
-from model_export.arguments import non_negative_int, positive_int
+from service.arguments import non_negative_int, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "runs" / "bench"

@@ -32,7 +32,7 @@ from bench.load import Connection, run_load
 from bench.machine import describe, headline
 from bench.processes import rss_mb
 from bench.server import SERVER_LOG, free_port, start_server, stop_server
-from model_export.arguments import positive_float, positive_int
+from service.arguments import positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "runs" / "bench" / "models"

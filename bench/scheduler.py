@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from bench.machine import describe, headline
 from bench.server import batch_figures, metric_totals
 from bench.server import sentences as test_sentences
-from model_export.arguments import positive_float, positive_int
+from service.arguments import positive_float, positive_int
 from service.decoding import SearchOptions
 from service.engine_process import EngineProcess
 from service.metrics import Metrics

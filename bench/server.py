@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.load import run_load
 from bench.machine import describe, headline
 from bench.processes import cpu_seconds, own_cpu_seconds
-from model_export.arguments import positive_float, positive_int
+from service.arguments import positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_THREADS = 2  # the engine alone: this project's development machines have 2 cores

@@ -33,7 +33,7 @@ from bench.overload import (
     sustainable_rate,
 )
 from bench.server import SERVER_LOG, free_port, start_server, stop_server
-from model_export.arguments import non_negative_float, positive_float
+from service.arguments import non_negative_float, positive_float
 
 MAX_GROWTH = 0.05
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import describe, headline
-from model_export.arguments import non_negative_int, positive_int
+from service.arguments import non_negative_int, positive_int
 from service.decoding import SearchOptions, candidates, needs_log_probs
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings

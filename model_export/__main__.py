@@ -10,9 +10,9 @@ import logging
 import sys
 from pathlib import Path
 
-from model_export.arguments import fraction, non_negative_int, positive_float, positive_int
 from model_export.config import ConfigError, TransformerConfig
 from model_export.errors import ExportError
+from service.arguments import fraction, non_negative_int, positive_float, positive_int
 from service.errors import ModelFolderError
 
 EXIT_BAD_INPUT = 2

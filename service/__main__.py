@@ -15,6 +15,7 @@ from types import FrameType
 import uvicorn
 
 from service.api import RequestIdFilter, State, create_app
+from service.arguments import port
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.settings import Settings
@@ -34,17 +35,6 @@ def configure_logging(level: str) -> None:
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
-
-
-def port_number(text: str) -> int:
-    """--port: a TCP port. Out of range, asyncio would have bound it modulo 65,536 (70000 listened on 4464)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, not {text}")
-    return port
 
 
 GRACEFUL_CLOSE_SECONDS = 5  # after draining: for uvicorn to finish responses and close connections
@@ -102,7 +92,7 @@ def settle_garbage_collector() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
-    parser.add_argument("--port", type=port_number, default=8000, help="1-65535 (0: one the system picks)")
+    parser.add_argument("--port", type=port, default=8000, help="1-65535 (0: one the system picks)")
     args = parser.parse_args(argv)
     settings = Settings()
     configure_logging(settings.log_level)

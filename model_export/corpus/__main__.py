@@ -10,11 +10,11 @@ import logging
 import sys
 from pathlib import Path
 
-from model_export.arguments import non_negative_int, positive_int
 from model_export.corpus import CorpusError
 from model_export.corpus.build import BuildOptions, build
 from model_export.corpus.pins import DEFAULT_PINS, load_pins
 from model_export.corpus.tokenizer import dev_lengths, train_tokenizer
+from service.arguments import non_negative_int, positive_int
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,12 +1,12 @@
 """The benchmarks refuse a count or a duration out of range before they start anything (no model built, no server
-started), naming the option, as the offline commands do (model_export/arguments.py)."""
+started), naming the option, as the offline commands do (service/arguments.py)."""
 
 import argparse
 import importlib
 
 import pytest
 
-from model_export.arguments import fraction, non_negative_float, non_negative_int, positive_float, positive_int
+from service.arguments import fraction, non_negative_float, non_negative_int, positive_float, positive_int
 
 
 @pytest.mark.parametrize(

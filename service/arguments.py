@@ -1,6 +1,7 @@
-"""Argument types for the offline commands: a number out of range is refused by argparse, which names the option
-and exits with status 2 before any work starts (a batch size of 0 or a negative limit once ran with a silent
-meaning of their own, a beam size of 0 ended in a traceback)."""
+"""Argument types for every command line (the server's, model_export's, the benchmarks'): a number out of range is
+refused by argparse, which names the option and exits with status 2 before any work starts (a batch size of 0 or a
+negative limit once ran with a silent meaning of their own, a beam size of 0 ended in a traceback, and the server
+bound --port 70000 as 4464: asyncio takes a port modulo 65,536)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,4 @@ non_negative_int = _number(int, "a whole number", lambda v: v >= 0, "of at least
 non_negative_float = _number(float, "a number", lambda v: v >= 0, "of at least 0")
 positive_float = _number(float, "a number", lambda v: v > 0, "above 0")
 fraction = _number(float, "a number", lambda v: 0 <= v < 1, "from 0 up to, not including, 1")
+port = _number(int, "a port", lambda v: 0 <= v <= 65535, "from 0 to 65535")  # 0: one the system picks
