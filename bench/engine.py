@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.machine import describe, headline
 from model_export import graph_io
-from service.arguments import non_negative_int, positive_int
+from service.arguments import non_negative_int, positive_int, positive_ints
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "runs" / "bench"
@@ -672,17 +672,6 @@ def real_text_table(rows: dict[str, tuple[float, float, float]], reference: str 
     return "\n".join(lines)
 
 
-def sizes(parser: argparse.ArgumentParser, option: str, value: str) -> list[int]:
-    """A comma-separated list of sizes ("1,4"), each at least 1, or the parser's error naming the option."""
-    try:
-        numbers = [int(part) for part in value.split(",")]
-    except ValueError:
-        numbers = []
-    if not numbers or min(numbers) < 1:
-        parser.error(f"{option}: comma-separated whole numbers of at least 1, e.g. 1,4 (got {value!r})")
-    return numbers
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=["paper", "default"])
@@ -698,8 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every engine on the GPU")
     parser.add_argument("--skip-forced", action="store_true", help="default: only the real-text run")
     parser.add_argument("--skip-real-text", action="store_true", help="default: only the forced workload")
-    parser.add_argument("--beams", default="1,4", help="the forced workload's beam sizes, comma-separated")
-    parser.add_argument("--batches", default="32,1", help="the forced workload's batch sizes, comma-separated")
+    parser.add_argument("--beams", type=positive_ints, default=[1, 4], help="the forced workload's beam sizes")
+    parser.add_argument("--batches", type=positive_ints, default=[32, 1], help="the forced workload's batch sizes")
     parser.add_argument(
         "--alone-sentences",
         type=non_negative_int,
@@ -707,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         " sentences (default: the whole test set; 0: none)",
     )
     args = parser.parse_args(argv)
-    beams, batches = sizes(parser, "--beams", args.beams), sizes(parser, "--batches", args.batches)
+    beams, batches = args.beams, args.batches
     machine = describe(args.device)
     print(headline(machine), flush=True)
     which = (args.engines or (GPU_ENGINES if args.device == "cuda" else CPU_ENGINES)).split(",")

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import describe, headline
-from service.arguments import non_negative_int, positive_int
+from service.arguments import non_negative_int, positive_int, positive_ints
 from service.decoding import SearchOptions, candidates, needs_log_probs
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
@@ -114,19 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "en-fr", help="a model folder")
     parser.add_argument("--variant", default=None, help="default: the folder's default variant")
-    parser.add_argument("--rows", default="32", help="comma-separated, one column each (with --threads)")
-    parser.add_argument("--threads", default="1", help="intra-op threads: one value, or one per --rows value")
+    parser.add_argument("--rows", type=positive_ints, default=[32], help="one column each, e.g. 32,16")
+    parser.add_argument("--threads", type=positive_ints, default=[1], help="intra-op threads: one, or one per --rows")
     parser.add_argument("--beam", type=positive_int, default=1, help="rows per sentence; --rows must be a multiple")
     parser.add_argument("--source", type=positive_int, default=24, help="source tokens per sentence")
     parser.add_argument("--slots", type=non_negative_int, default=24, help="steps taken before the profiled ones")
     parser.add_argument("--steps", type=positive_int, default=10, help="profiled steps")
     parser.add_argument("--top", type=positive_int, default=12, help="operator types listed; the rest summed")
     args = parser.parse_args(argv)
-    rows = [int(r) for r in args.rows.split(",")]
-    threads = [int(t) for t in args.threads.split(",")]
-    threads = threads * len(rows) if len(threads) == 1 else threads
+    rows, threads = args.rows, args.threads * len(args.rows) if len(args.threads) == 1 else args.threads
     if len(threads) != len(rows) or any(r % args.beam for r in rows):
         parser.error("--threads takes one value or one per --rows value; every --rows value a multiple of --beam")
+    if not (args.model / "manifest.json").is_file():
+        parser.error(f"--model {args.model}: not a model folder (no manifest.json); bench.engine paper makes one")
     print(headline(describe()), flush=True)
     columns = [
         profile_step(

@@ -30,3 +30,12 @@ non_negative_float = _number(float, "a number", lambda v: v >= 0, "of at least 0
 positive_float = _number(float, "a number", lambda v: v > 0, "above 0")
 fraction = _number(float, "a number", lambda v: 0 <= v < 1, "from 0 up to, not including, 1")
 port = _number(int, "a port", lambda v: 0 <= v <= 65535, "from 0 to 65535")  # 0: one the system picks
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers of at least 1 ("32,16,32"), e.g. one size per column."""
+    try:
+        return [positive_int(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        message = f"must be comma-separated whole numbers of at least 1, e.g. 1,4, not {text!r}"
+        raise argparse.ArgumentTypeError(message) from None

@@ -18,7 +18,6 @@ from bench.engine import (
     latency_table,
     memory_table,
     real_text_table,
-    sizes,
     split_layout,
     table,
     turn_size,
@@ -175,14 +174,3 @@ def test_a_folder_from_an_older_exporter_is_rebuilt(model_dir: Path, tmp_path: P
         (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
         assert not written_by_this_exporter(folder), (key, old)
     assert not written_by_this_exporter(tmp_path / "missing")
-
-
-def test_the_forced_workloads_sizes_are_chosen_on_the_command_line() -> None:
-    """--beams and --batches: comma-separated sizes; anything else is the parser's error, naming the option."""
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    assert sizes(parser, "--beams", "4") == [4] and sizes(parser, "--batches", "32,1") == [32, 1]
-    for wrong in ("", "x", "4,", "0", "1,-2"):
-        with pytest.raises(SystemExit):
-            sizes(parser, "--beams", wrong)
