@@ -486,9 +486,9 @@ async def read_payload(request: Request) -> dict[str, Any]:
 
 def key_matches(keys: list[str], given: str) -> bool:
     """Whether `given` is one of `keys`: every key is compared, each in constant time. Keys are never logged."""
-    supplied, matched = given.encode(), False
+    supplied, matched = given.encode(errors="surrogatepass"), False  # a lone surrogate matches no key: 403, not 500
     for key in keys:
-        matched |= hmac.compare_digest(supplied, key.encode())
+        matched |= hmac.compare_digest(supplied, key.encode(errors="surrogatepass"))
     return matched
 
 

@@ -343,7 +343,8 @@ class Scheduler:
             if self.shared.closing:
                 raise Overloaded("the server is shutting down; retry on another instance", "shutting_down")
             if len(self.waiting) + len(jobs) > self.limits.max_queue:
-                raise Overloaded(f"the queue is full ({self.limits.max_queue} sentences waiting); retry later")
+                waiting, limit = len(self.waiting), self.limits.max_queue
+                raise Overloaded(f"the queue is full ({waiting} of {limit} sentences waiting); retry later")
             now = self.clock()
             for job in jobs:
                 job.enqueued_at = now

@@ -91,6 +91,7 @@ class Translator:
         ids = manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
+        self.max_output_tokens = min(settings.max_output_tokens, manifest.config.max_positions)  # positions it has
         self.variant = chosen_variant(folder, settings)  # MT_VARIANT, or as the providers make it
         most = step_candidates(folder, folder.variant(self.variant)).most  # candidates per row, at most
         self.max_beam = (most - 1) // 2  # beam k takes 2k + 1 (decoding.candidates)
@@ -120,12 +121,19 @@ class Translator:
         return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs])
 
     def _check_sentences(self, count: int) -> None:
+        """413 for more sentences than a request may have, or than the whole queue holds (a 503 'retry later' for
+        a request that can never fit would be retried forever)."""
         if count > self.settings.max_request_sentences:
             raise TooLarge(f"the request has {count} sentences; the limit is {self.settings.max_request_sentences}")
+        if count > self.settings.max_queue_sentences:
+            raise TooLarge(
+                f"the request has {count} sentences; the queue holds at most {self.settings.max_queue_sentences} "
+                "(MT_MAX_QUEUE_SENTENCES): send them in smaller requests"
+            )
 
     def search_options(self, src_len: int, options: TranslateOptions) -> SearchOptions:
         """A sentence of `src_len` tokens: its search, capped as the settings say; errors for what cannot run."""
-        cap = min(options.max_length or self.settings.max_output_tokens, self.settings.max_output_tokens)
+        cap = min(options.max_length or self.max_output_tokens, self.max_output_tokens)
         relative = int(self.settings.max_output_ratio * src_len) + 10
         beam = max(options.beam_size, options.alternatives + 1)
         if beam > self.max_beam:

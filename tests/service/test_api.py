@@ -177,19 +177,25 @@ def test_api_keys(model_dir: Path) -> None:
         assert missing.status_code == 403 and missing.json() == {"error": "this server needs an api_key"}
         wrong = c.post("/translate", json={**body, "api_key": "guess"})
         assert wrong.status_code == 403 and wrong.json() == {"error": "a valid api_key is required"}
+        lone_surrogate = b'{"q": "Hi.", "target": "fr", "api_key": "k\\ud800"}'
+        lone = c.post("/translate", content=lone_surrogate, headers={"content-type": "application/json"})
+        assert lone.status_code == 403 and lone.json() == {"error": "a valid api_key is required"}  # not a 500
         assert c.post("/translate", json={**body, "api_key": "other"}).status_code == 200
         assert c.post("/translate", json=body, headers={"x-api-key": "s3cret"}).status_code == 200
 
 
-def test_full_queue_is_503_with_retry_after(model_dir: Path) -> None:
+def test_a_request_the_queue_can_never_hold_is_413(model_dir: Path) -> None:
+    """More sentences than MT_MAX_QUEUE_SENTENCES: 413 naming the setting, counted as too large (a 503 'retry
+    later' would be retried forever). A full queue's 503 is tests/service/test_scheduler.py's and
+    test_reliability.py's."""
     with TestClient(create_app(settings_for(model_dir, max_queue_sentences=1))) as c:
         response = c.post(
             "/translate", json={"q": ["Open the file.", "Delete %d items?"], "source": "en", "target": "fr"}
         )
-        assert response.status_code == 503 and response.headers["retry-after"] == "1"
-        assert "the queue is full (1 sentences waiting)" in response.json()["error"]
+        assert response.status_code == 413 and "retry-after" not in response.headers
+        assert "the queue holds at most 1 (MT_MAX_QUEUE_SENTENCES)" in response.json()["error"]
         assert c.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
-        assert 'mt_rejected_requests_total{reason="queue_full"} 1.0' in c.get("/metrics").text
+        assert 'mt_rejected_requests_total{reason="too_large"} 1.0' in c.get("/metrics").text
 
 
 def test_deadline_is_504_and_the_server_goes_on(client: TestClient) -> None:

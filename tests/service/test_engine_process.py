@@ -74,12 +74,16 @@ def test_translations_and_metrics_come_back_from_the_engine(model_dir: Path) -> 
     assert not process.is_alive()  # stopped with the server
 
 
-def test_a_full_engine_queue_is_503_from_the_engine(model_dir: Path) -> None:
+def test_a_request_larger_than_the_engine_queue_is_413(model_dir: Path) -> None:
+    """More sentences than the queue can ever hold: 413 saying what to change, not a 503 to retry forever."""
     with TestClient(create_app(settings_for(model_dir, max_queue_sentences=2))) as client:
         refused = client.post("/translate", json={**NORMAL, "q": "One. Two. Three."})
-        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-        assert refused.json() == {"error": "the queue is full (2 sentences waiting); retry later"}
-        assert client.post("/translate", json=NORMAL).status_code == 200
+        assert refused.status_code == 413 and "retry-after" not in refused.headers
+        assert refused.json() == {
+            "error": "the request has 3 sentences; the queue holds at most 2 (MT_MAX_QUEUE_SENTENCES): "
+            "send them in smaller requests"
+        }
+        assert client.post("/translate", json={**NORMAL, "q": "One. Two."}).status_code == 200
 
 
 def test_engine_errors_are_rebuilt_as_the_service_errors_they_were() -> None:

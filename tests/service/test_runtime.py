@@ -5,6 +5,7 @@ import logging
 import shutil
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from service.runtime import (
 from service.settings import SHIPPED_MODELS, Settings, available_cores
 from service.translator import (
     SHARED_STEP_MACS,
+    TranslateOptions,
     Translator,
     chosen_variant,
     decoder_macs_per_token,
@@ -753,3 +755,24 @@ def test_greedy_searches_asking_no_scores_translate_the_same_without_the_log_sof
             assert all(np.isfinite(h[0].score) for h in both[1::2]) and all(np.isnan(h[0].score) for h in both[::2])
             again = decode_batch(runtime, sources, scored, rules)
             np.testing.assert_allclose([h[0].score for h in again], [h[0].score for h in reference], atol=1e-5)
+
+
+def test_outputs_are_capped_at_the_positions_the_model_has(model_dir: Path) -> None:
+    """A sentence may generate as many tokens as the decoder has positions (the tiny model's 256), and no more,
+    whatever MT_MAX_OUTPUT_TOKENS, the ratio or a request's max_length allow: past them the position table's
+    Gather fails, and with it every sentence of the batch (a 500)."""
+    folder = load_model_folder(model_dir)
+    runtime = OnnxRuntime(folder, "fp32")
+    positions = folder.manifest.config.max_positions  # 256
+    settings = Settings(max_output_tokens=1000, max_output_ratio=100.0, max_sentence_tokens=1000)
+    translator = Translator(folder, settings, Metrics(), runtime=runtime)
+    assert translator.search_options(5, TranslateOptions(max_length=1000)).max_new_tokens == positions
+    assert translator.search_options(5, TranslateOptions()).max_new_tokens == positions
+    assert translator.search_options(5, TranslateOptions(max_length=40)).max_new_tokens == 40
+    ids = folder.manifest.special_ids
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    longest = SearchOptions(max_new_tokens=positions, min_new_tokens=positions)
+    (best,) = decode_batch(runtime, [[5, 6, ids.eos]], [longest], rules)[0]
+    assert len(best.tokens) == positions  # every position used, none past them
+    with pytest.raises(Exception, match="out of data bounds|indices"):  # one more: what the cap prevents
+        decode_batch(runtime, [[5, 6, ids.eos]], [replace(longest, max_new_tokens=positions + 1)], rules)

@@ -113,7 +113,7 @@ def test_encoder_runs_once_per_sentence_in_length_buckets() -> None:
 def test_full_queue_refuses_at_once() -> None:
     scheduler, _, _ = make(BatchLimits(max_queue=4))
     submit(scheduler, sources(3), GREEDY)
-    with pytest.raises(Overloaded, match="the queue is full \\(4 sentences waiting\\)"):
+    with pytest.raises(Overloaded, match="the queue is full \\(3 of 4 sentences waiting\\)"):
         submit(scheduler, sources(2), GREEDY)
     assert len(scheduler.waiting) == 3  # all or nothing
 
