@@ -73,6 +73,7 @@ class DrainingServer(uvicorn.Server):
                     logging.getLogger("service").warning(
                         "grace period of %gs over with %d requests in flight", self.grace, self.state.handling
                     )
+                    await self.state.stop_engines()  # their answers (503) go out before the connections close
                 self.should_exit = True
         return await super().on_tick(counter)
 

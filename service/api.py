@@ -328,6 +328,14 @@ class State:
             self.metrics.ready.set(0)
             log.info("draining: %d requests in flight", self.handling)
 
+    async def stop_engines(self) -> None:
+        """The grace period is over: every model's work in flight fails now, each request answered 503
+        (shutting_down, "the server stopped before this request finished") while its connection is still open,
+        rather than cancelled by uvicorn's shutdown (a plain-text 500) seconds later. Stopping again at the
+        lifespan's end finds nothing left."""
+        stopping = [asyncio.to_thread(t.scheduler.stop, 0.0) for t in self.registry.translators.values()]
+        await asyncio.gather(*stopping)
+
     def admit(self) -> None:
         """The checks before a /translate request's body is read."""
         retry = self.settings.retry_after_seconds

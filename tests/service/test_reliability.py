@@ -152,6 +152,39 @@ def test_sigterm_drains_then_exits_0(model_dir: Path) -> None:
     assert "(event loop: uvloop)" in output or sys.platform == "win32"  # a pinned dependency (Performance)
 
 
+def test_work_left_when_the_grace_period_ends_is_answered_503_before_the_exit(model_dir: Path) -> None:
+    """SIGTERM with a 1 s grace period and a request of seconds in flight: at the period's end that request gets a
+    JSON 503 (shutting_down, with Retry-After) on its open connection, and the process exits 0 soon after; before,
+    uvicorn's shutdown cancelled it 5 s later (a plain-text 500 and an ASGI traceback)."""
+    port = free_port()
+    process = start_server(
+        model_dir, port, MT_MAX_BATCH_ROWS="8", MT_SHUTDOWN_GRACE_SECONDS="1", MT_REQUEST_TIMEOUT_SECONDS="120"
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process)
+        slow: dict[str, httpx.Response] = {}
+        body = {"q": [SENTENCES] * 128, "source": "en", "target": "fr", "beam_size": 8}  # 512 sentences: long
+        worker = threading.Thread(target=lambda: slow.update(r=httpx.post(f"{url}/translate", json=body, timeout=60)))
+        worker.start()
+        wait_for(lambda: metric(httpx.get(f"{url}/metrics").text, "mt_requests_in_flight") == 1, 30, "not in flight")
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        worker.join(timeout=30)
+        answered = time.monotonic() - signalled
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = process.stdout.read() if process.stdout else ""
+    assert slow["r"].status_code == 503, slow["r"].text
+    assert slow["r"].json() == {"error": "the server stopped before this request finished"}
+    assert slow["r"].headers["retry-after"] == "1"
+    assert answered < 4, f"answered {answered:.1f} s after SIGTERM, for a 1 s grace period"
+    assert "grace period of 1s over with 1 requests in flight" in output
+    assert "Traceback" not in output and "Exception in ASGI application" not in output, output
+
+
 def test_a_client_that_disconnects_frees_its_rows(live: str) -> None:
     port = int(live.rsplit(":", 1)[1])
     before = metric(httpx.get(f"{live}/metrics").text, "mt_cancelled_requests_total", f'{{model="{MODEL}"}}')
