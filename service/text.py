@@ -35,11 +35,22 @@ _ABBREVIATED = """
 ABBREVIATIONS = frozenset(_ABBREVIATED.split())  # words a period follows without ending the sentence, as written
 
 _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")  # str.splitlines' line breaks
-_TOKEN = re.compile(r"\S+")
+# Unicode's format characters (category Cf: soft hyphen, bidi marks, word joiner, ...) but the zero-width
+# (non-)joiners, which shape the letters around them: invisible, and out of the model's vocabulary (a leading
+# U+2060 or a pair of bidi embedding marks derailed the default model's whole sentence)
+_FORMAT_CHARS = (
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b\u200e-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+)
+_FORMAT = re.compile(f"[{_FORMAT_CHARS}]")
+_TOKEN = re.compile(rf"[^\s{_FORMAT_CHARS}]+")  # a word: format characters alone are not one (kept verbatim)
 _SPACE = re.compile(r"\s+")
 _DOTTED = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")  # e.g, i.e, U.S (the final period stripped)
 _CLAUSE_END = re.compile(r"[;:,.!?…]+(?=\s)|[，；：、。！？]+")  # where a long sentence is best cut
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1 controls but \t and \n
+# C0 and C1 controls but \t and the line breaks str.splitlines knows (\n \v \f \r \x1c-\x1e \x85): kept as written
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
+_BREAK_CONTROL = re.compile(r"[\x0b\x0c\x1c-\x1e\x85]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _REFERENCE = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")  # html.unescape's own
 _TAG_NAME = re.compile(r"</?([A-Za-z][^\s/>]*)")
@@ -49,11 +60,19 @@ _UNTRANSLATED = frozenset({"code", "pre"})  # elements whose text is kept as is 
 
 
 def clean(text: str) -> str:
-    """Line breaks to \\n, lone surrogates to U+FFFD, no control characters but \\n and \\t, Unicode NFC."""
+    """Lone surrogates to U+FFFD, no control characters but tab and line breaks. Everything else stays as written
+    (a CRLF text comes back with its CRLFs; HTML's attributes, comments, pre and script keep their characters):
+    what the model reads of a sentence is `model_input`'s."""
     if _SURROGATE.search(text):
         text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")  # pairs joined
-    text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
-    return unicodedata.normalize("NFC", text)
+    return _CONTROL.sub("", text)
+
+
+def model_input(sentence: str) -> str:
+    """A sentence as the tokenizer gets it: Unicode NFC, without format characters (`_FORMAT`); line breaks (an
+    HTML sentence may cross lines) as \\n, without the control characters among them (\\v \\f \\x1c-\\x1e \\x85)."""
+    sentence = _BREAK_CONTROL.sub("", sentence.replace("\r\n", "\n").replace("\r", "\n"))
+    return unicodedata.normalize("NFC", _FORMAT.sub("", sentence))
 
 
 @dataclass(frozen=True)

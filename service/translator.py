@@ -117,7 +117,7 @@ class Translator:
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.sentences]
         self._check_sentences(len(sentences))  # cutting long sentences made more
-        jobs = [self.tokenizer.encode(s, target) for s in sentences]
+        jobs = [self.tokenizer.encode(text.model_input(s), target) for s in sentences]
         return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs])
 
     def _check_sentences(self, count: int) -> None:

@@ -102,10 +102,30 @@ def test_html_keeps_tags(client: TestClient, model_dir: Path) -> None:
     assert body["translatedText"].startswith("<p>") and body["translatedText"].endswith("</p><code>x = 1</code>")
 
 
-@pytest.mark.parametrize("q", ["", "   ", "\n\n"])
+@pytest.mark.parametrize("q", ["", "   ", "\n\n", "\r\n", "\x0b\x85\u2028", " \u2060\u202a\u202c "])
 def test_empty_and_blank_text_come_back_unchanged(client: TestClient, q: str) -> None:
+    """Whitespace of any kind, line breaks as written (CRLF too) and invisible format characters alone."""
     body = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()
     assert body["translatedText"] == q and body["usage"]["output_tokens"] == 0
+
+
+def test_line_breaks_come_back_as_written_and_format_characters_stay_out_of_the_model(
+    client: TestClient, model_dir: Path
+) -> None:
+    """A CRLF resource string keeps its CRLFs; a word joiner or bidi marks around a sentence are not the model's
+    to read (they derailed the default model's translation)."""
+    text = "Open the file.\r\nDelete %d items?\r\n"
+    body = client.post("/translate", json={"q": text, "source": "en", "target": "fr"}).json()
+    assert body["translatedText"] == f"{solo(model_dir, 'Open the file.')}\r\n{solo(model_dir, 'Delete %d items?')}\r\n"
+    marked = client.post("/translate", json={"q": "\u2060\u202aOpen the file.\u202c", "target": "fr"}).json()
+    assert marked["translatedText"] == f"\u2060\u202a{solo(model_dir, 'Open the file.')}\u202c"
+
+
+def test_html_outside_the_sentences_comes_back_as_written(client: TestClient) -> None:
+    """pre, script, comments and attributes keep their characters: CRLFs, decomposed accents (no NFC)."""
+    kept = '<pre>line1\r\nline2</pre><script>var s = "\u212b";</script><!-- \r\n --><a title="Cafe\u0301"></a>'
+    body = client.post("/translate", json={"q": kept, "source": "en", "target": "fr", "format": "html"}).json()
+    assert body["translatedText"] == kept
 
 
 def test_languages_models_health_ready_metrics(client: TestClient) -> None:

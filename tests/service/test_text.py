@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service.errors import InvalidRequest, TooLarge
-from service.text import Document, clean, limit_sentence, split, split_html, split_text
+from service.text import Document, clean, limit_sentence, model_input, split, split_html, split_text
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -34,11 +34,11 @@ def rebuilt(doc: Document) -> str:
 @pytest.mark.parametrize(
     ("raw", "cleaned"),
     [
-        ("a\r\nb\rc\n", "a\nb\nc\n"),
-        ("tab\tkept\x00\x07\x1b\x7f\x85\x9f", "tab\tkept"),
+        ("a\r\nb\rc\n\x0b\x0c\x1c\x1d\x1e\x85", "a\r\nb\rc\n\x0b\x0c\x1c\x1d\x1e\x85"),  # line breaks as written
+        ("tab\tkept\x00\x07\x1b\x1f\x7f\x84\x9f", "tab\tkept"),
         ("lone \ud800 and \udfff", "lone \ufffd and \ufffd"),
         ("pair \ud83d\ude00", "pair \U0001f600"),
-        ("e\u0301 Å", "\u00e9 \u00c5"),
+        ("e\u0301 \u212b", "e\u0301 \u212b"),  # not normalised: what is kept verbatim stays so
         ("", ""),
     ],
 )
@@ -46,11 +46,29 @@ def test_clean(raw: str, cleaned: str) -> None:
     assert clean(raw) == cleaned
 
 
+@pytest.mark.parametrize(
+    ("sentence", "read"),
+    [
+        ("e\u0301 \u212b", "\u00e9 \u00c5"),  # NFC
+        ("a\r\nb\rc\x0b\x85d", "a\nb\ncd"),  # an HTML sentence's line breaks
+        ("\u2060\u202aword\u00ad joiner\u202c\ufeff", "word joiner"),  # format characters
+        ("\U0001f469\u200d\U0001f4bb and \u200c", "\U0001f469\u200d\U0001f4bb and \u200c"),  # the joiners stay
+    ],
+)
+def test_model_input(sentence: str, read: str) -> None:
+    assert model_input(sentence) == read
+
+
+def test_format_characters_alone_are_not_a_sentence() -> None:
+    doc = split_text("\u2060 \u202a\u202c\nOpen it.\u2060")
+    assert doc.sentences == ["Open it."] and rebuilt(doc) == "\u2060 \u202a\u202c\nOpen it.\u2060"
+
+
 @given(st.text(st.characters(exclude_categories=())))
 @FAST
 def test_clean_never_raises_and_leaves_no_controls(text: str) -> None:
     cleaned = clean(text)
-    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]", cleaned)
+    assert not re.search(r"[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f\ud800-\udfff]", cleaned)
     assert clean(cleaned) == cleaned
 
 
