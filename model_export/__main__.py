@@ -37,9 +37,10 @@ def cmd_params(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from model_export import checkpoint
-    from model_export.export import export_folder
+    from model_export.export import check_tokenizer, export_folder
 
     ckpt = checkpoint.load(args.checkpoint)
+    check_tokenizer(ckpt, str(args.checkpoint))
     name = args.name or ckpt.provenance.get("name") or f"{ckpt.source_language}-{'-'.join(ckpt.target_languages)}"
     folder = export_folder(ckpt, args.out, name=name, version=args.version)
     print(f"wrote {folder}")
@@ -61,6 +62,8 @@ def cmd_from_folder(args: argparse.Namespace) -> int:
     from model_export import checkpoint
     from model_export.from_folder import checkpoint_from_folder
 
+    if args.out.exists():  # a checkpoint of the user's, or a folder: never replaced
+        raise ExportError(f"{args.out} exists; pass a new path as --out")
     ckpt = checkpoint_from_folder(args.model_dir)
     checkpoint.save(ckpt, args.out)
     print(f"wrote {args.out} ({len(ckpt.state_dict)} tensors rebuilt from {args.model_dir}'s fp32 graphs)")
@@ -285,6 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, ModelFolderError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as error:  # a destination under a file, a read-only file system, a missing folder: the user's to fix
+        print(f"error: {os_error_line(error)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def os_error_line(error: OSError) -> str:
+    """`path: reason` (both paths of a rename), or the error's own text where it names no file."""
+    if error.filename is None:
+        return str(error)
+    paths = f"{error.filename} -> {error.filename2}" if error.filename2 is not None else str(error.filename)
+    return f"{paths}: {error.strerror or error}"
 
 
 if __name__ == "__main__":

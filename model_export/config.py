@@ -72,9 +72,26 @@ class TransformerConfig:
         return cls(**data)
 
 
+# the Python types a field's annotation admits (a float field takes a whole number too; a bool is never a number)
+FIELD_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,)}
+TYPE_NOUNS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+
+
+def _wrong_types(cfg: TransformerConfig) -> list[str]:
+    """Fields whose value is not of the field's type (a checkpoint's d_model 32.0 once ended in a torch TypeError)."""
+    found = []
+    for f in fields(cfg):
+        value, kinds = getattr(cfg, f.name), FIELD_TYPES.get(str(f.type), (str,))
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            found.append(f"{f.name} must be {TYPE_NOUNS.get(str(f.type), 'a string')}, got {value!r}")
+    return found
+
+
 def _problems(cfg: TransformerConfig) -> list[str]:
     """Every contradiction in a config, as messages that say what to change."""
-    found = []
+    found = _wrong_types(cfg)
+    if found:  # the checks below compare numbers
+        return found
     positive = ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions")
     found += [f"{name} must be positive, got {getattr(cfg, name)}" for name in positive if getattr(cfg, name) < 1]
     layers = ("n_encoder_layers", "n_decoder_layers")

@@ -15,6 +15,7 @@ import torch
 
 from model_export.checkpoint import Checkpoint
 from model_export.errors import ExportError
+from model_export.export import check_new_folder, staged_folder
 from model_export.model import sinusoid_table
 
 
@@ -105,7 +106,9 @@ def build_spec(checkpoint: Checkpoint):  # noqa: ANN201 - ctranslate2's Transfor
 
 
 def to_ctranslate2(checkpoint: Checkpoint, out: Path, quantization: str = "float32") -> Path:
-    """Writes `out/model.bin` and its vocabularies; quantization: float32, int8, int8_float32, int16."""
+    """Writes `out/model.bin` and its vocabularies; quantization: float32, int8, int8_float32, int16. `out` must be
+    new or an empty folder; a failed conversion leaves nothing there."""
+    check_new_folder(out)
     try:
         from ctranslate2.converters.converter import Converter
     except ImportError:
@@ -115,5 +118,8 @@ def to_ctranslate2(checkpoint: Checkpoint, out: Path, quantization: str = "float
         def _load(self):  # noqa: ANN202
             return build_spec(checkpoint)
 
-    _Ours().convert(str(out), quantization=quantization, force=True)
+    # Converter.convert(force=True) would shutil.rmtree an existing output folder, so it writes to a new path
+    # beside --out (force=False: it refuses to touch anything there) that is renamed into place when complete
+    with staged_folder(out) as staged:
+        _Ours().convert(str(staged), quantization=quantization, force=False)
     return out

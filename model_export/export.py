@@ -1,23 +1,30 @@
 """Writes a model folder from a checkpoint: the two ONNX graphs, the tokenizer files and manifest.json.
 
 The manifest is the only contract with the server: config, special ids, languages, tokenizer,
-every graph input and output (from `graph_io`), file checksums and provenance.
+every graph input and output (from `graph_io`), file checksums and provenance. Every folder the offline commands
+write is staged here (`staged_folder`): built beside --out and renamed into place, never over a user's files.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import onnx
+import sentencepiece as spm
 import torch
 
 from model_export import graph_io
-from model_export.checkpoint import Checkpoint
+from model_export.checkpoint import Checkpoint, TokenizerFiles
 from model_export.errors import ExportError
 from model_export.onnx_graphs import build_decoder_step, build_encoder
+from service.errors import ModelFolderError
 from service.model_folder import FORMAT, GRAPHS, MANIFEST, ModelFolder, load_model_folder, sha256_of
 
 ENCODER_FILE, DECODER_FILE, RAGGED_FILE = "encoder.onnx", "decoder_step.onnx", "decoder_step_ragged.onnx"
@@ -111,19 +118,129 @@ def add_variant(folder_path: Path, manifest: dict, variant: dict, written: list[
     return manifest
 
 
+# -- the output folder: checked before any work, written beside it, renamed into place ---------------------------
+
+
+def check_new_folder(out: Path) -> None:
+    """--out must be new or an empty folder: nothing a user keeps there is ever replaced or deleted."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder; pass a new folder as --out")
+    if out.is_dir() and any(out.iterdir()):
+        raise ExportError(f"{out} is not empty; pass a new or empty folder as --out (nothing in it is replaced)")
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """The parent folders this run created, deepest first, where still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+@contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A path (not yet created) beside `out` to write into, renamed to `out` when the block ends; on any failure
+    it is removed with what this run created, so that --out never holds a half-written folder."""
+    check_new_folder(out)
+    created = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    holder = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        yield holder / out.name
+        # rename(2) replaces an empty folder and refuses a non-empty one: a folder filled meanwhile stays as it is
+        (holder / out.name).replace(out)
+    except BaseException:
+        shutil.rmtree(holder, ignore_errors=True)
+        _remove_empty(created)
+        raise
+    holder.rmdir()
+
+
+# -- the tokenizer: plain file names, SentencePiece models, ids within the model's vocabulary ---------------------
+
+
+def check_file_name(name: str, where: str) -> None:
+    """A tokenizer file name must be a plain file name: one like ../x or /etc/x would be written outside the
+    folder (the server refuses such names when it loads a folder), and a graph's or the manifest's name would
+    be overwritten."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or Path(name).name != name:
+        raise ExportError(f"{where}: tokenizer file name {name!r} is not a plain file name (like spm.model)")
+    if name in (MANIFEST, ENCODER_FILE, DECODER_FILE, RAGGED_FILE):
+        raise ExportError(f"{where}: tokenizer file name {name!r} is a name the model folder uses for its own file")
+
+
+def sentencepiece_of(tok: TokenizerFiles, name: str, where: str) -> spm.SentencePieceProcessor:
+    if name not in tok.files:
+        raise ExportError(f"{where}: tokenizer file {name!r} is named but not among its files ({sorted(tok.files)})")
+    try:
+        return spm.SentencePieceProcessor(model_proto=tok.files[name])
+    except Exception:  # noqa: BLE001 - sentencepiece raises RuntimeError or its own errors alike
+        raise ExportError(f"{where}: tokenizer file {name!r} is not a SentencePiece model") from None
+
+
+def vocabulary_ids(tok: TokenizerFiles, name: str, where: str) -> list[int]:
+    if name not in tok.files:
+        raise ExportError(f"{where}: vocabulary {name!r} is named but not among the tokenizer files")
+    try:
+        vocab = json.loads(tok.files[name].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ExportError(f"{where}: vocabulary {name!r} is not valid JSON ({error})") from None
+    if not isinstance(vocab, dict) or not all(type(v) is int and v >= 0 for v in vocab.values()):
+        raise ExportError(f"{where}: vocabulary {name!r} must be a JSON object mapping each piece to an id >= 0")
+    return list(vocab.values())
+
+
+def check_tokenizer(checkpoint: Checkpoint, where: str = "checkpoint") -> None:
+    """Both SentencePiece models must load, and every source id the tokenizer gives must be a row of the encoder's
+    embeddings: an id past the end passes export and fails the first request with an ONNX Runtime Gather error.
+    Without a vocabulary the source model's ids are the model's ids, so its pieces must not outnumber
+    src_vocab_size; with a Marian vocabulary (vocab.json) both models' pieces map through it, so its ids must fit.
+    The target side needs no such rule: the decoder only reads ids the model itself produced (< tgt_vocab_size),
+    and a target model with more pieces than those ids merely has pieces the model never outputs."""
+    tok, cfg = checkpoint.tokenizer, checkpoint.config
+    for name in tok.files:
+        check_file_name(name, where)
+    source = sentencepiece_of(tok, tok.source_model, where)
+    sentencepiece_of(tok, tok.target_model, where)
+    if tok.vocabulary is not None:
+        largest = max(vocabulary_ids(tok, tok.vocabulary, where), default=-1)
+        if largest >= cfg.src_vocab_size:
+            raise ExportError(
+                f"{where}: vocabulary {tok.vocabulary!r} has id {largest}, outside the model's {cfg.src_vocab_size} "
+                "source ids"
+            )
+    elif source.get_piece_size() > cfg.src_vocab_size:
+        raise ExportError(
+            f"{where}: tokenizer {tok.source_model!r} has {source.get_piece_size()} pieces, more than the model's "
+            f"{cfg.src_vocab_size} source ids; export with the tokenizer the model was trained with"
+        )
+
+
+# -- the export ------------------------------------------------------------------------------------------------------
+
+
 def export_folder(checkpoint: Checkpoint, folder: Path, name: str, version: str) -> Path:
     """Checkpoint -> folder with encoder.onnx, decoder_step.onnx, decoder_step_ragged.onnx, tokenizer files and
-    manifest.json (fp32)."""
-    if folder.exists() and not folder.is_dir():
-        raise ExportError(f"{folder} exists and is not a folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    manifest.json (fp32). The folder is loaded as the server loads it before it is renamed into place. The
+    commands check the tokenizer's models and ids first (`check_tokenizer`); tests build mismatched folders here."""
+    check_new_folder(folder)
+    for file_name in checkpoint.tokenizer.files:  # written as folder / file_name below
+        check_file_name(file_name, "checkpoint")
     model = checkpoint.build_model()
-    with torch.no_grad():
-        onnx.save(build_encoder(model), folder / ENCODER_FILE)
-        onnx.save(build_decoder_step(model), folder / DECODER_FILE)
-        onnx.save(build_decoder_step(model, ragged=True), folder / RAGGED_FILE)
-    for file_name, content in checkpoint.tokenizer.files.items():
-        (folder / file_name).write_bytes(content)
-    variants = {"fp32": variant_entry(checkpoint, "fp32", ENCODER_FILE, DECODER_FILE, RAGGED_FILE)}
-    write_manifest(folder, build_manifest(checkpoint, folder, name, version, variants))
+    with staged_folder(folder) as staged:
+        staged.mkdir()
+        with torch.no_grad():
+            onnx.save(build_encoder(model), staged / ENCODER_FILE)
+            onnx.save(build_decoder_step(model), staged / DECODER_FILE)
+            onnx.save(build_decoder_step(model, ragged=True), staged / RAGGED_FILE)
+        for file_name, content in checkpoint.tokenizer.files.items():
+            (staged / file_name).write_bytes(content)
+        variants = {"fp32": variant_entry(checkpoint, "fp32", ENCODER_FILE, DECODER_FILE, RAGGED_FILE)}
+        write_manifest(staged, build_manifest(checkpoint, staged, name, version, variants))
+        try:
+            load_model_folder(staged)  # never report success for a folder the server refuses
+        except ModelFolderError as error:
+            message = str(error).replace(str(staged), str(folder))
+            raise ExportError(f"the written folder would not load in the server: {message}") from None
     return folder

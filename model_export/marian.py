@@ -20,7 +20,7 @@ from model_export import checkpoint as ckpt
 from model_export.checkpoint import Checkpoint, TokenizerFiles
 from model_export.config import ConfigError, TransformerConfig
 from model_export.errors import ExportError
-from model_export.export import export_folder
+from model_export.export import check_new_folder, check_tokenizer, export_folder, staged_folder
 from model_export.model import sinusoid_table
 
 CONFIG, GENERATION_CONFIG, TOKENIZER_CONFIG = "config.json", "generation_config.json", "tokenizer_config.json"
@@ -458,12 +458,16 @@ def checkpoint_from_marian(
     provenance = {"name": folder.resolve().name, "origin": f"Hugging Face Marian checkpoint ({src.weights_file})"}
     if src.config.get("_name_or_path"):
         provenance["hf_name_or_path"] = str(src.config["_name_or_path"])
-    return Checkpoint(cfg, state, tokenizer, source_language, target_languages, provenance)
+    checkpoint = Checkpoint(cfg, state, tokenizer, source_language, target_languages, provenance)
+    # source.spm and target.spm must load; their pieces reach the model through vocab.json, whose ids must fit
+    check_tokenizer(checkpoint, str(folder))
+    return checkpoint
 
 
 def convert_marian(
     folder: Path, out: Path, source: str | None, targets: list[str] | None, name: str | None, version: str
 ) -> Path:
+    check_new_folder(out)  # before the conversion's work
     checkpoint = checkpoint_from_marian(folder, source, targets)
     return export_folder(checkpoint, out, name or checkpoint.provenance["name"], version)
 
@@ -597,18 +601,19 @@ def write_marian(checkpoint: Checkpoint, out: Path) -> Path:
     blockers = marian_blockers(checkpoint)
     if blockers:
         raise ExportError(f"transformers' Marian cannot express this model: {'; '.join(blockers)}")
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} exists and is not a folder")
+    check_new_folder(out)
+    check_tokenizer(checkpoint)
     files, vocab = tokenizer_files(checkpoint)
     tokenizer_config = marian_tokenizer_config(checkpoint, vocab)
     weights = marian_weights(checkpoint)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out / SAFETENSORS), metadata={"format": "pt"})
-    write_json(out / CONFIG, marian_config(checkpoint))
-    write_json(out / GENERATION_CONFIG, generation_config(checkpoint.config))
-    write_json(out / TOKENIZER_CONFIG, tokenizer_config)
-    for name, content in files.items():
-        (out / name).write_bytes(content)
+    with staged_folder(out) as staged:  # written beside `out`, renamed into place when complete
+        staged.mkdir()
+        save_file(weights, str(staged / SAFETENSORS), metadata={"format": "pt"})
+        write_json(staged / CONFIG, marian_config(checkpoint))
+        write_json(staged / GENERATION_CONFIG, generation_config(checkpoint.config))
+        write_json(staged / TOKENIZER_CONFIG, tokenizer_config)
+        for name, content in files.items():
+            (staged / name).write_bytes(content)
     return out
 
 
