@@ -1,10 +1,12 @@
 """Checks a model folder against its checkpoint: the server's own loader (checksums, graph inputs and
-outputs), the config, ONNX Runtime vs PyTorch log-probabilities on several shapes, and identical
-greedy and beam-search token ids from the PyTorch reference and the decoding loop over the graphs.
+outputs), the config, the tokenizer files, and for every step graph of each variant checked (the step graph, the
+ragged one, the one-row one) ONNX Runtime vs PyTorch log-probabilities on several shapes and the greedy and
+beam-search token ids of the decoding loop over that graph against the PyTorch reference's.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,29 +19,110 @@ from model_export.errors import ExportError
 from model_export.model import Transformer
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
-from service.model_folder import load_model_folder
+from service.kv_cache import DecoderCache
+from service.model_folder import ModelFolder, load_model_folder
 from service.runtime import OnnxRuntime
+from service.tokenizer import Tokenizer
 
 SHAPES = ((1, 1, 4), (3, 7, 6), (5, 12, 9))  # (batch, longest source, decoder steps)
+STEP_GRAPHS = ("decoder_step", "decoder_step_ragged", "decoder_step_single")  # the VariantSpec fields verify runs
+DEFAULT_TOLERANCE = 1e-4  # |log p| of an fp32 graph against PyTorch: summation order only (the CLI's --tolerance)
+# A variant of lower precision is held to its own tolerance, |log p| against PyTorch in float32 over the whole
+# vocabulary (its least likely tokens move most), and its greedy choices to within twice that of the reference's best
+# (close_decodings: no token's log-prob moved more than the tolerance, so no choice can lose more than twice it).
+OWN_TOLERANCE = {
+    "fp16": 2e-2,  # float16 keeps ~3 significant digits per activation: tiny test model 0.005-0.009
+    "int8": 1.0,  # dynamic quantization, int8 weights and activations per tensor: tiny model 0.19, default model 0.59
+}
+# The one-row graph's products are MatMulNBits over 8-bit weights in blocks of 128 along K, a scale per column and
+# block, its activations quantized to int8 per block too (accuracy_level 4): finer than the step graph's weights, but
+# it reads the step graph's own int8 embedding table, so its error is of the same order (tiny model 0.23, default
+# model 0.60), and so is its tolerance.
+SINGLE_ROW_TOLERANCE = 1.0
+
+
+@dataclass(frozen=True)
+class GraphReport:
+    """One step graph of one variant against the PyTorch reference. `tolerance` None: the caller's (fp32 graphs);
+    `beam_equal` None: the runtime never runs this graph for beams (the ragged one: one row per sentence)."""
+
+    variant: str
+    graph: str
+    max_abs_diff: float  # nan if any log-prob was nan
+    greedy_equal: bool
+    beam_equal: bool | None
+    tolerance: float | None
+
+    def ok(self, tolerance: float) -> bool:
+        within = self.max_abs_diff <= (self.tolerance if self.tolerance is not None else tolerance)  # False for nan
+        return within and self.greedy_equal and self.beam_equal is not False
+
+    def summary(self, tolerance: float) -> str:
+        """One graph's results, e.g. 'fp32 decoder_step: log-prob max |onnx - torch| = 4.8e-06 (tolerance 0.0001);
+        greedy ids equal; beam-4 ids equal'; a failed one says FAILED after its name."""
+        own = f"{self.tolerance:g}, {self.variant}'s" if self.tolerance is not None else f"{tolerance:g}"
+        ids = {True: "equal", False: "DIFFER", None: "not run (one row per sentence only)"}
+        if self.tolerance is not None:  # close_decodings: within the tolerance, not equal
+            ids = {**ids, True: "close"}
+        verdict = "" if self.ok(tolerance) else " FAILED"
+        return (
+            f"{self.variant} {self.graph}{verdict}: log-prob max |onnx - torch| = {self.max_abs_diff:.2e} "
+            f"(tolerance {own}); greedy ids {ids[self.greedy_equal]}; beam-4 ids {ids[self.beam_equal]}"
+        )
 
 
 @dataclass(frozen=True)
 class VerifyReport:
-    max_abs_diff: float
+    graphs: tuple[GraphReport, ...]
     shapes: int
-    greedy_equal: bool
-    beam_equal: bool
+
+    @property
+    def max_abs_diff(self) -> float:
+        """The largest difference among the graphs judged by the caller's tolerance (fp32); nan if any graph's
+        log-probs held a nan. Graphs with a tolerance of their own are judged in `ok`."""
+        if any(math.isnan(g.max_abs_diff) for g in self.graphs):
+            return math.nan
+        return max((g.max_abs_diff for g in self.graphs if g.tolerance is None), default=0.0)
+
+    @property
+    def greedy_equal(self) -> bool:
+        return all(g.greedy_equal for g in self.graphs)
+
+    @property
+    def beam_equal(self) -> bool:
+        return all(g.beam_equal is not False for g in self.graphs)
 
     @property
     def ok(self) -> bool:
-        return self.greedy_equal and self.beam_equal
+        """Ids equal everywhere, no nan, and every graph with its own tolerance within it."""
+        return all(g.ok(math.inf) for g in self.graphs) and not math.isnan(self.max_abs_diff)
+
+    def failed(self, tolerance: float = DEFAULT_TOLERANCE) -> list[str]:
+        """The variant and graph of each failing check, e.g. 'fp32 decoder_step_ragged'."""
+        return [f"{g.variant} {g.graph}" for g in self.graphs if not g.ok(tolerance)]
 
     def summary(self, tolerance: float) -> str:
-        greedy, beam = ("equal" if same else "DIFFER" for same in (self.greedy_equal, self.beam_equal))
-        return (
-            f"log-prob max |onnx - torch| = {self.max_abs_diff:.2e} over {self.shapes} shapes "
-            f"(tolerance {tolerance:g}); greedy ids {greedy}; beam-4 ids {beam}"
+        """One line (the CLI's error repeats it): each graph's results, then which failed."""
+        failed = self.failed(tolerance)
+        verdict = (
+            f"FAILED: {', '.join(failed)}" if failed else f"{len(self.graphs)} step graphs reproduce the checkpoint"
         )
+        graphs = " | ".join(g.summary(tolerance) for g in self.graphs)
+        return f"{verdict}; over {self.shapes} shapes: {graphs}"
+
+
+class PinnedRuntime(OnnxRuntime):
+    """The server's runtime with every step on one step graph of its variant, whatever the rows and sources, so
+    that each graph is checked on its own (the server picks among them per step: OnnxRuntime._step_graph)."""
+
+    def __init__(self, folder: ModelFolder, variant: str, graph: str) -> None:
+        super().__init__(folder, variant)
+        if self.steps[graph] is None:
+            raise ExportError(f"{folder.path}: variant {variant} has no {graph} session to run")
+        self.pinned = graph
+
+    def _step_graph(self, cache: DecoderCache, candidates: int) -> str:
+        return self.pinned
 
 
 def random_sources(cfg, batch: int, longest: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +140,8 @@ def random_sources(cfg, batch: int, longest: int, rng: np.random.Generator) -> t
 
 
 def teacher_forced_diff(model: Transformer, runtime: OnnxRuntime, shape: tuple[int, int, int], seed: int) -> float:
-    """Largest |log p| difference between torch `decode` and the ONNX step graph fed the same tokens."""
+    """Largest |log p| difference between torch `decode` and the ONNX step graph fed the same tokens; nan if
+    either side has a nan anywhere."""
     batch, longest, steps = shape
     rng = np.random.default_rng(seed)
     src_ids, src_mask = random_sources(model.cfg, batch, longest, rng)
@@ -68,14 +152,15 @@ def teacher_forced_diff(model: Transformer, runtime: OnnxRuntime, shape: tuple[i
     memory = runtime.encode(src_ids.numpy(), src_mask.numpy())
     cache = runtime.new_cache()
     cache.add(memory.keys, memory.values, src_mask.numpy())
-    worst = 0.0
-    for t in range(steps):
-        out = runtime.step(tgt[:, t].numpy(), cache, full=True)
-        worst = max(worst, float(np.abs(out.log_probs - expected[:, t]).max()))
-    return worst
+    diffs = [np.abs(runtime.step(tgt[:, t].numpy(), cache, full=True).log_probs - expected[:, t]) for t in range(steps)]
+    return float(np.max(diffs))  # np.max keeps a nan, where max() would drop it
 
 
-def same_decodings(model: Transformer, runtime: OnnxRuntime, beam_size: int, seed: int, max_new: int = 12) -> bool:
+def same_decodings(
+    model: Transformer, runtime: OnnxRuntime, beam_size: int, seed: int, max_new: int = 12, scored: bool = True
+) -> bool:
+    """The decoding loop over the runtime gives the reference search's ids. `scored` False: greedy rows that ask no
+    score, whose steps may skip the log-softmax (format 8), as the server's greedy requests by default."""
     cfg = model.cfg
     src_ids, src_mask = random_sources(cfg, 4, 9, np.random.default_rng(seed))
     if beam_size == 1:
@@ -83,20 +168,82 @@ def same_decodings(model: Transformer, runtime: OnnxRuntime, beam_size: int, see
     else:
         expected = reference.beam_search(model, src_ids, src_mask, beam_size, max_new)
     sources = [row[mask].tolist() for row, mask in zip(src_ids, src_mask, strict=True)]
-    options = [SearchOptions(beam_size=beam_size, max_new_tokens=max_new)] * len(sources)
+    options = [SearchOptions(beam_size=beam_size, max_new_tokens=max_new, scored=scored)] * len(sources)
     rules = TokenRules(cfg.decoder_start_id, cfg.eos_id, cfg.pad_id)
     got = [hyps[0].tokens for hyps in decode_batch(runtime, sources, options, rules)]
     return [list(g) for g in got] == expected
 
 
+def close_decodings(
+    model: Transformer, runtime: OnnxRuntime, beam_size: int, seed: int, tolerance: float, scored: bool = True
+) -> bool:
+    """For a graph of lower precision, whose ids may part from the reference's where two candidates are closer than
+    its error: greedy, every token the loop chose is within 2 x `tolerance` of the reference's best candidate at its
+    step (given the same prefix); beam, the best hypothesis's log-prob is the reference's for the same tokens within
+    `tolerance` per token."""
+    cfg, max_new = model.cfg, 12
+    src_ids, src_mask = random_sources(cfg, 4, 9, np.random.default_rng(seed))
+    sources = [row[mask].tolist() for row, mask in zip(src_ids, src_mask, strict=True)]
+    options = [SearchOptions(beam_size=beam_size, max_new_tokens=max_new, scored=scored)] * len(sources)
+    rules = TokenRules(cfg.decoder_start_id, cfg.eos_id, cfg.pad_id)
+    best = [hyps[0] for hyps in decode_batch(runtime, sources, options, rules)]
+    for row, hyp in enumerate(best):
+        tgt = torch.tensor([[cfg.decoder_start_id, *hyp.tokens[:-1]]])  # (1, T)
+        with torch.no_grad():
+            expected = model(src_ids[row : row + 1], src_mask[row : row + 1], tgt)[0].numpy()  # (T, V)
+        expected[:, reference.banned_tokens(model)] = -np.inf
+        chosen = expected[np.arange(len(hyp.tokens)), list(hyp.tokens)]  # (T,)
+        if beam_size == 1 and not np.all(chosen >= expected.max(axis=1) - 2 * tolerance):
+            return False
+        if beam_size > 1 and not abs(hyp.log_prob - chosen.sum()) <= tolerance * len(hyp.tokens):
+            return False
+    return True
+
+
+def check_tokenizer(folder: ModelFolder, checkpoint: Checkpoint) -> None:
+    """The folder's tokenizer is the checkpoint's: the same files, byte for byte, in the same roles, and no more
+    pieces than the model has ids (Tokenizer.from_folder, the server's loader, checks that too)."""
+    spec, tok = folder.manifest.tokenizer, checkpoint.tokenizer
+    roles = {"source_model": spec.source_model, "target_model": spec.target_model, "vocabulary": spec.vocabulary}
+    differing = sorted(role for role, name in roles.items() if getattr(tok, role) != name)
+    if differing:
+        names = ", ".join(differing)
+        raise ExportError(f"{folder.path}: the manifest's tokenizer differs from the checkpoint's in: {names}")
+    for name in sorted({name for name in roles.values() if name is not None}):
+        if folder.file(name).read_bytes() != tok.files.get(name):
+            raise ExportError(f"{folder.file(name)}: not the checkpoint's {name} (the bytes differ)")
+    Tokenizer.from_folder(folder)
+
+
+def check_graph(model: Transformer, folder: ModelFolder, variant: str, graph: str, seed: int) -> GraphReport:
+    """One step graph, run for every step (PinnedRuntime): teacher-forced log-probs on SHAPES, greedy ids (unscored,
+    the server's default path) and beam-4 ids, except on the ragged graph, which the server never runs for beams.
+    A graph of lower precision is held to its own tolerance, and its ids to close_decodings."""
+    runtime = PinnedRuntime(folder, variant, graph)
+    diff = float(np.max([teacher_forced_diff(model, runtime, shape, seed + i) for i, shape in enumerate(SHAPES)]))
+    precision = folder.variant(variant).precision
+    tolerance = SINGLE_ROW_TOLERANCE if graph == "decoder_step_single" else OWN_TOLERANCE.get(precision)
+    beams = (1,) if graph == "decoder_step_ragged" else (1, 4)
+    if tolerance is None:
+        same = [same_decodings(model, runtime, beam, seed, scored=beam > 1) for beam in beams]
+    else:
+        same = [close_decodings(model, runtime, beam, seed, tolerance, scored=beam > 1) for beam in beams]
+    return GraphReport(variant, graph, diff, same[0], same[1] if len(same) > 1 else None, tolerance)
+
+
 def verify_folder(folder_path: Path, checkpoint: Checkpoint, variant: str | None = None, seed: int = 0) -> VerifyReport:
+    """`variant` None: every variant of the folder, each graph by its precision's tolerance (fp32's the caller's)."""
     folder = load_model_folder(folder_path)
     declared = folder.manifest.config.model_dump()
     differing = sorted(k for k, v in checkpoint.config.to_dict().items() if declared.get(k) != v)
     if differing:
         raise ExportError(f"{folder_path}: manifest config differs from the checkpoint in: {', '.join(differing)}")
+    check_tokenizer(folder, checkpoint)
     model = checkpoint.build_model()
-    runtime = OnnxRuntime(folder, variant)
-    diff = max(teacher_forced_diff(model, runtime, shape, seed + i) for i, shape in enumerate(SHAPES))
-    greedy, beam = same_decodings(model, runtime, 1, seed), same_decodings(model, runtime, 4, seed)
-    return VerifyReport(diff, len(SHAPES), greedy, beam)
+    variants = [variant] if variant is not None else list(folder.manifest.variants)
+    reports = []
+    for name in variants:
+        spec = folder.variant(name)
+        graphs = [graph for graph in STEP_GRAPHS if getattr(spec, graph) is not None]
+        reports += [check_graph(model, folder, name, graph, seed) for graph in graphs]
+    return VerifyReport(tuple(reports), len(SHAPES))
