@@ -43,6 +43,7 @@ class Tokenizer:
             source if spec.target_model == spec.source_model else _load_sentencepiece(folder.file(spec.target_model))
         )
         vocabulary = _load_vocabulary(folder.file(spec.vocabulary)) if spec.vocabulary else None
+        _check_ids_fit(folder, source, vocabulary)
         token_ids = {
             language: _target_token_id(token, source, vocabulary, folder.path)
             for language, token in spec.target_tokens.items()
@@ -112,6 +113,25 @@ def _load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
         raise ModelFolderError(
             f"{path}: not a readable SentencePiece model ({error}); re-export the model folder"
         ) from None
+
+
+def _check_ids_fit(
+    folder: ModelFolder, source: spm.SentencePieceProcessor, vocabulary: dict[str, int] | None
+) -> None:
+    """Every source id the tokenizer can give is one the model has (else the encoder's first Gather fails on the
+    first request that holds it): the SentencePiece model's pieces, or the vocabulary's ids where it has one."""
+    spec, size = folder.manifest.tokenizer, folder.manifest.config.src_vocab_size
+    if vocabulary is None and source.get_piece_size() > size:
+        raise ModelFolderError(
+            f"{folder.file(spec.source_model)}: {source.get_piece_size()} pieces, more than the model's {size} source "
+            "ids (manifest config.src_vocab_size): not this model's tokenizer"
+        )
+    largest = max(vocabulary.values(), default=-1) if vocabulary is not None else -1
+    if largest >= size:
+        raise ModelFolderError(
+            f"{folder.file(spec.vocabulary)}: id {largest} is outside the model's {size} source ids "
+            "(manifest config.src_vocab_size): not this model's vocabulary"
+        )
 
 
 def _target_token_id(

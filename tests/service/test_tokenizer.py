@@ -175,11 +175,11 @@ def test_vocabulary_decode_drops_pad_start_and_language_tokens(marian: Tokenizer
 
 
 def test_a_source_only_piece_decodes_with_its_space(folder: Path, spm_model: bytes) -> None:
-    vocabulary = marian_vocabulary(spm_model) | {"▁Xylo": 200}
-    files = {"vocab.json": json.dumps(vocabulary).encode()}
+    vocabulary = {piece: i for piece, i in marian_vocabulary(spm_model).items() if i != 94} | {"▁Xylo": 94}
+    files = {"vocab.json": json.dumps(vocabulary).encode()}  # (ids within the model's 96: the loader refuses others)
     tokenizer = Tokenizer.from_folder(rewrite(folder, {"vocabulary": "vocab.json"}, files, MARIAN))
     the = tokenizer.encode("the")[:-1]
-    assert tokenizer.decode([200, *the, 200]) == "Xylo the Xylo"
+    assert 94 not in the and tokenizer.decode([94, *the, 94]) == "Xylo the Xylo"
 
 
 def test_separate_target_model_decodes(folder: Path, spm_model: bytes) -> None:
@@ -231,3 +231,19 @@ def test_target_token_missing_from_the_vocabulary(folder: Path, spm_model: bytes
         ModelFolderError, match="target token '>>deu<<' is not in the model's vocabulary; fix tokenizer"
     ):
         Tokenizer.from_folder(bad)
+
+
+def test_more_pieces_than_the_model_has_ids_is_refused(folder: Path) -> None:
+    """A source id the model lacks would fail the first request in the encoder's Gather: the loader refuses it."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["config"]["src_vocab_size"] = 50  # the tiny model's SentencePiece model has 96 pieces
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ModelFolderError, match=r"spm\.model: 96 pieces, more than the model's 50 source ids"):
+        Tokenizer.from_folder(load_model_folder(folder))
+
+
+def test_a_vocabulary_id_outside_the_model_is_refused(folder: Path, spm_model: bytes) -> None:
+    vocabulary = {**marian_vocabulary(spm_model), "▁beyond": 96}  # the tiny model has ids 0-95
+    tokenizer = {"vocabulary": "vocab.json"}
+    with pytest.raises(ModelFolderError, match=r"vocab\.json: id 96 is outside the model's 96 source ids"):
+        Tokenizer.from_folder(rewrite(folder, tokenizer, {"vocab.json": json.dumps(vocabulary).encode()}, MARIAN))
