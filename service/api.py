@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import models_json_schema
@@ -91,13 +92,17 @@ class TranslateRequest(BaseModel):
     source: str = Field("auto", description="source language code, or 'auto'")
     target: str = Field(description="target language code")
     format: Literal["text", "html"] = Field("text", description="html: tags are kept, text between them translated")
-    alternatives: int = Field(0, ge=0, le=8, description="alternative translations to return besides the best")
+    alternatives: int = Field(0, ge=0, description="alternative translations besides the best; at most max beam - 1")
     api_key: str | None = Field(None, description="needed when the server has API keys")
     beam_size: int | None = Field(None, ge=1, description="1 is greedy; default from the server's settings")
     max_length: int | None = Field(None, ge=1, description="maximum generated tokens per sentence")
-    length_penalty: float | None = Field(None, ge=0.0, le=5.0, description="beam score = log p / length ** this")
+    length_penalty: float | None = Field(
+        None, ge=0.0, le=5.0, allow_inf_nan=False, description="beam score = log p / length ** this"
+    )
     model: str | None = Field(None, description="a loaded model's name (GET /v1/models); default: by languages")
-    timeout: float | None = Field(None, gt=0, description="seconds; can only lower the server's deadline")
+    timeout: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="seconds; can only lower the server's deadline"
+    )
     return_scores: bool = Field(False, description="add each text's mean normalised log-probability")
 
 
@@ -119,7 +124,7 @@ class TranslateResponse(BaseModel):
     alternatives: list[str] | list[list[str]]
     detectedLanguage: DetectedLanguage | None = None  # noqa: N815
     scores: float | list[float] | None = None
-    usage: Usage | None = None
+    usage: Usage
 
 
 class ErrorBody(BaseModel):
@@ -161,10 +166,17 @@ class RequestContext:
     size and body time limits."""
 
     def __init__(
-        self, app: ASGIApp, metrics: Metrics, max_body_bytes: int, body_timeout: float, access_log: bool = True
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        max_body_bytes: int,
+        body_timeout: float,
+        access_log: bool = True,
+        paths: frozenset[str] = frozenset(),
     ) -> None:
         self.app, self.metrics, self.max_body_bytes, self.body_timeout = app, metrics, max_body_bytes, body_timeout
         self.access_log = access_log
+        self.paths = paths  # the app's routes: a request refused here, before routing, is labelled with its own
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -194,7 +206,7 @@ class RequestContext:
                 await self.app(scope, guarded, send_with_id)
         finally:
             route = scope.get("route")
-            path = getattr(route, "path", "unmatched")
+            path = getattr(route, "path", scope["path"] if scope["path"] in self.paths else "unmatched")
             elapsed = time.perf_counter() - started
             self.metrics.http_requests.labels(path, scope["method"], str(status[0])).inc()
             self.metrics.http_duration.labels(path).observe(elapsed)
@@ -284,7 +296,7 @@ class TranslateEndpoint:
 
     async def answer(self, scope: Scope, receive: Receive) -> JSONResponse:
         if scope["method"] != "POST":
-            raise StarletteHTTPException(405, headers={"Allow": "POST"})
+            raise StarletteHTTPException(405, f"use POST for {self.path}", headers={"Allow": "POST"})
         self.state.admit()  # before the body is read: a refusal under a flood costs little
         self.state.handling += 1
         try:
@@ -442,6 +454,7 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         body_timeout=settings.body_timeout_seconds,
         access_log=settings.access_log,
+        paths=frozenset([TranslateEndpoint.path, *(getattr(route, "path", "") for route in app.routes)]),
     )
     return app
 
@@ -471,8 +484,13 @@ async def read_payload(request: Request) -> dict[str, Any]:
     ClientDisconnect."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in (FORM, "multipart/form-data"):
-        form = await request.form()
-        payload: dict[str, Any] = {k: form.getlist(k) if k == "q" else form.get(k) for k in form}
+        try:
+            form = await request.form()
+        except StarletteHTTPException as error:  # Starlette's 400s: no multipart boundary, too many fields or files
+            raise RequestValidationError([{"loc": ("body",), "msg": f"not a valid form ({error.detail})"}]) from None
+        # an HTML form sends its empty fields too: an option left empty is an option not given
+        given = [k for k in form if k == "q" or form.get(k) != ""]
+        payload: dict[str, Any] = {k: form.getlist(k) if k == "q" else form.get(k) for k in given}
         if isinstance(payload.get("q"), list) and len(payload["q"]) == 1:
             payload["q"] = payload["q"][0]
         return payload
@@ -697,6 +715,9 @@ def _add_routes(app: FastAPI, state: State) -> None:
     async def metrics(request: Request) -> Response:
         check_metadata_key(settings, request)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    for route in [r for r in app.routes if isinstance(r, APIRoute) and "GET" in r.methods]:  # uptime probes' HEAD
+        app.add_api_route(route.path, route.endpoint, methods=["HEAD"], include_in_schema=False)
 
 
 def model_card(translator: Translator, settings: Settings) -> dict[str, object]:

@@ -181,13 +181,55 @@ def test_bodies_that_are_not_json(client: TestClient) -> None:
 
 
 def test_oversized_body_is_refused_before_reading(client: TestClient) -> None:
+    counted = 'mt_http_requests_total{method="POST",route="/translate",status="413"}'
+    before = metric_value(client.get("/metrics").text, counted)
     response = client.post("/translate", content=b"x" * 1_000_001, headers={"content-type": "application/json"})
     assert response.status_code == 413 and "the limit is 1000000" in response.json()["error"]
+    assert metric_value(client.get("/metrics").text, counted) == before + 1  # its route's, though refused unrouted
+
+
+def metric_value(text: str, sample: str) -> float:
+    line = next((line for line in text.splitlines() if line.startswith(sample + " ")), None)
+    return float(line.split()[-1]) if line else 0.0
 
 
 def test_unknown_route_and_method(client: TestClient) -> None:
     assert client.get("/nope").json() == {"error": "Not Found"}
-    assert client.get("/translate").status_code == 405
+    wrong = client.get("/translate")
+    assert wrong.status_code == 405 and wrong.json() == {"error": "use POST for /translate"}
+    assert wrong.headers["allow"] == "POST"
+    for path in ("/health", "/ready", "/languages", "/metrics", "/v1/models"):  # uptime probes that send HEAD
+        probe = client.head(path)
+        assert probe.status_code == 200 and probe.content == b"", path
+    assert "head" not in client.get("/openapi.json").json()["paths"]["/health"]
+
+
+def test_a_forms_empty_options_are_options_not_given(client: TestClient, model_dir: Path) -> None:
+    """An HTML form sends every field, the ones left empty too."""
+    form = {"q": "Open the file.", "source": "en", "target": "fr", "beam_size": "", "alternatives": "", "model": ""}
+    response = client.post("/translate", data=form)
+    assert response.status_code == 200, response.text
+    assert response.json()["translatedText"] == solo(model_dir, "Open the file.")
+    assert client.post("/translate", data={**form, "q": ""}).json()["translatedText"] == ""
+    broken = client.post("/translate", content=b"q=x", headers={"content-type": "multipart/form-data"})
+    assert broken.status_code == 422 and broken.json()["error"].startswith("invalid request: body: not a valid form")
+
+
+@pytest.mark.parametrize(("field", "value"), [("length_penalty", "NaN"), ("timeout", "NaN"), ("timeout", "Infinity")])
+def test_numbers_that_are_not_finite_are_named(client: TestClient, field: str, value: str) -> None:
+    body = f'{{"q": "Hi.", "target": "fr", "{field}": {value}}}'.encode()
+    response = client.post("/translate", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json() == {"error": f"invalid request: {field}: Input should be a finite number"}
+
+
+def test_alternatives_are_bounded_by_the_servers_beam_limit_alone(client: TestClient) -> None:
+    """The schema does not cap them (MT_MAX_BEAM_SIZE may be 16): the server's limit answers, naming it."""
+    response = client.post("/translate", json={"q": "Hi.", "target": "fr", "alternatives": 9})
+    assert response.status_code == 400 and response.json()["error"] == "beam_size and alternatives + 1 may be at most 8"
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    assert "maximum" not in schema["TranslateRequest"]["properties"]["alternatives"]
+    assert "usage" in schema["TranslateResponse"]["required"]  # every answer has it
 
 
 def test_api_keys(model_dir: Path) -> None:
@@ -287,3 +329,9 @@ def test_two_streams_in_the_server_process_answer_as_one(model_dir: Path) -> Non
         assert c.get("/v1/models").json()["models"][0]["decoder_streams"] == 2
         body = c.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()
     assert body["translatedText"] == [solo(model_dir, text) for text in q]  # its sentences on either stream
+
+
+@pytest.mark.parametrize("penalty", [-3.0, 5.5])
+def test_a_default_length_penalty_no_request_may_give_is_refused_at_start(penalty: float) -> None:
+    with pytest.raises(ValueError, match="default_length_penalty"):
+        Settings(default_length_penalty=penalty)
