@@ -116,19 +116,22 @@ class Translator:
         self._check_sentences(sum(len(doc.sentences) for doc in documents))  # before any token is counted
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.sentences]
-        self._check_sentences(len(sentences))  # cutting long sentences made more
+        self._check_sentences(len(sentences), cut=True)  # cutting long sentences made more
         jobs = [self.tokenizer.encode(text.model_input(s), target) for s in sentences]
         return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs])
 
-    def _check_sentences(self, count: int) -> None:
+    def _check_sentences(self, count: int, cut: bool = False) -> None:
         """413 for more sentences than a request may have, or than the whole queue holds (a 503 'retry later' for
-        a request that can never fit would be retried forever)."""
+        a request that can never fit would be retried forever). `cut`: counted once long sentences were cut."""
+        has = f"the request has {count} sentences" + (
+            f" once its sentences are cut to {self.max_source_tokens} tokens (MT_MAX_SENTENCE_TOKENS)" if cut else ""
+        )
         if count > self.settings.max_request_sentences:
-            raise TooLarge(f"the request has {count} sentences; the limit is {self.settings.max_request_sentences}")
+            raise TooLarge(f"{has}; the limit is {self.settings.max_request_sentences}")
         if count > self.settings.max_queue_sentences:
             raise TooLarge(
-                f"the request has {count} sentences; the queue holds at most {self.settings.max_queue_sentences} "
-                "(MT_MAX_QUEUE_SENTENCES): send them in smaller requests"
+                f"{has}; the queue holds at most {self.settings.max_queue_sentences} (MT_MAX_QUEUE_SENTENCES): "
+                "send them in smaller requests"
             )
 
     def search_options(self, src_len: int, options: TranslateOptions) -> SearchOptions:

@@ -335,3 +335,12 @@ def test_two_streams_in_the_server_process_answer_as_one(model_dir: Path) -> Non
 def test_a_default_length_penalty_no_request_may_give_is_refused_at_start(penalty: float) -> None:
     with pytest.raises(ValueError, match="default_length_penalty"):
         Settings(default_length_penalty=penalty)
+
+
+def test_a_request_that_has_too_many_sentences_once_cut_says_so(model_dir: Path) -> None:
+    """One long sentence cut into pieces past the request's limit: the message says where the pieces came from."""
+    with TestClient(create_app(settings_for(model_dir, max_sentence_tokens=8, max_request_sentences=3))) as c:
+        response = c.post("/translate", json={"q": "open the file " * 20, "source": "en", "target": "fr"})
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert " sentences once its sentences are cut to 8 tokens (MT_MAX_SENTENCE_TOKENS); the limit is 3" in error
