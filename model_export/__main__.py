@@ -12,10 +12,19 @@ from pathlib import Path
 
 from model_export.config import ConfigError, TransformerConfig
 from model_export.errors import ExportError
-from service.arguments import fraction, non_negative_int, positive_float, positive_int
+from service.arguments import fraction, int_between, non_negative_int, positive_float, positive_int
 from service.errors import ModelFolderError
 
 EXIT_BAD_INPUT = 2
+# evaluate's threads for one process's graph runs: past the cores they only contend; 256 is above any CPU here
+MAX_THREADS = 256
+
+
+def server_limit(setting: str) -> int:
+    """The upper bound service/settings.py puts on a setting (MT_MAX_BEAM_SIZE: 16), so evaluate stays within it."""
+    from service.settings import Settings
+
+    return next(m.le for m in Settings.model_fields[setting].metadata if getattr(m, "le", None) is not None)
 
 
 def cmd_params(args: argparse.Namespace) -> int:
@@ -114,6 +123,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     if args.streams > args.threads:
         raise ExportError(f"--streams {args.streams} needs at least as many --threads (each stream runs on its own)")
+    if args.json:  # before the evaluation, so that a finished one is never lost to a bad path
+        if args.json.is_dir():
+            raise ExportError(f"--json {args.json} is a folder; name the report's file")
+        args.json.parent.mkdir(parents=True, exist_ok=True)
     report = evaluate(args.model_dir, args.corpus, args.split, args.variant, args.beam_size, args.batch_size,
                       args.threads, args.limit, args.streams)
     print(report.summary())
@@ -142,14 +155,21 @@ def cmd_half(args: argparse.Namespace) -> int:
 
 
 def _add_evaluate_and_quantize(sub: argparse._SubParsersAction) -> None:
+    max_beam = server_limit("max_beam_size")
     evaluate = sub.add_parser("evaluate", help="BLEU, chrF and placeholder accuracy of a model folder on a split")
     evaluate.add_argument("--model-dir", type=Path, required=True)
     evaluate.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--variant", help="graph variant (default: the manifest's)")
-    evaluate.add_argument("--beam-size", type=positive_int, default=1)
+    evaluate.add_argument(
+        "--beam-size", type=int_between(1, max_beam), default=1,
+        help=f"1 to {max_beam}, the largest beam the server can be set to allow (MT_MAX_BEAM_SIZE's limit)",
+    )
     evaluate.add_argument("--batch-size", type=positive_int, default=32)
-    evaluate.add_argument("--threads", type=positive_int, default=2)
+    evaluate.add_argument(
+        "--threads", type=int_between(1, MAX_THREADS), default=2,
+        help=f"1 to {MAX_THREADS}: ONNX Runtime threads; more than the cores only contend",
+    )
     evaluate.add_argument(
         "--streams", type=positive_int, default=1,
         help="batches decoded at once, each on threads/streams threads (the server's MT_DECODER_STREAMS); a batch "

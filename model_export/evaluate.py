@@ -58,12 +58,32 @@ def same_placeholders(source: str, translation: str) -> bool:
     return Counter(placeholders(source)) == Counter(placeholders(translation))
 
 
+def read_lines(path: Path) -> list[str]:
+    """A corpus file's lines, split at "\\n" only: str.splitlines also splits at U+2028, \\x85 and \\x1c-\\x1e, so
+    a sentence holding one would shift every later pair. A final newline ends the last line; "\\r\\n" is one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ExportError(f"{path}: not UTF-8 text (byte {error.start}); convert it to UTF-8") from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
 def read_split(corpus: Path, split: str, source: str, target: str) -> tuple[list[str], list[str]]:
     paths = corpus / f"{split}.{source}", corpus / f"{split}.{target}"
     for path in paths:
         if not path.is_file():
             raise ExportError(f"corpus file not found: {path}")
-    sources, references = (p.read_text(encoding="utf-8").splitlines() for p in paths)
+    sources, references = (read_lines(p) for p in paths)
+    if len(sources) != len(references):
+        raise ExportError(
+            f"{paths[0]} has {len(sources)} lines, {paths[1]} {len(references)}: a split's source and reference "
+            "files must pair line by line"
+        )
+    if not sources:
+        raise ExportError(f"{paths[0]} and {paths[1]} are empty: no sentences to evaluate on")
     return sources, references
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model_export import checkpoint as ckpt
-from model_export import reference
+from model_export import evaluate, reference
 from model_export.config import TransformerConfig
 from model_export.errors import ExportError
 from model_export.model import Transformer
@@ -79,9 +79,10 @@ class Progress:
 
 
 def read_lines(path: Path) -> list[str]:
+    """A corpus file's lines, split at "\\n" only (evaluate's rule: a U+2028 inside a sentence must not shift pairs)."""
     if not path.is_file():
         raise ExportError(f"corpus file not found: {path} (build it with `python -m model_export.corpus build`)")
-    return path.read_text(encoding="utf-8").splitlines()
+    return evaluate.read_lines(path)
 
 
 def encode_split(corpus: Path, split: str, sp: spm.SentencePieceProcessor, opts: TrainOptions):
@@ -96,6 +97,11 @@ def encode_split(corpus: Path, split: str, sp: spm.SentencePieceProcessor, opts:
         for i, (s, t) in enumerate(zip(sources, targets, strict=True))
         if 0 < len(s) < opts.max_tokens_per_side and 0 < len(t) < opts.max_tokens_per_side
     ]
+    if not keep:
+        raise ExportError(
+            f"{corpus}: no {split} pair has 1 to {opts.max_tokens_per_side - 1} tokens on each side; "
+            "raise --max-tokens-per-side or check the corpus"
+        )
     return [sources[i] for i in keep], [targets[i] for i in keep], keep
 
 
@@ -262,12 +268,34 @@ def average_checkpoints(paths: list[Path]) -> ckpt.Checkpoint:
 # -- the training loop --------------------------------------------------------------------------
 
 
+def check_device(device: str) -> None:
+    """cpu, or cuda (cuda:N) where torch sees a CUDA device; anything else is one line before any work."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ExportError(f"--device {device!r} is not cpu or cuda (cuda:N)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ExportError(f"--device {device}: torch sees no CUDA device here; use --device cpu")
+
+
+def check_run_folder(out: Path) -> None:
+    """--out is a new folder or a run folder to resume (it prunes its own step-*.pt files there): a folder holding
+    other files and no checkpoint is someone else's."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder; pass a new run folder as --out")
+    if out.is_dir() and any(out.iterdir()) and not checkpoint_files(out) and not (out / "final.pt").is_file():
+        raise ExportError(f"{out} holds files but no step-*.pt checkpoint to resume; pass a new run folder as --out")
+
+
 def train(opts: TrainOptions) -> Path:
     """Runs (or resumes) training until max_steps or the time budget; returns the averaged checkpoint."""
     if not opts.tokenizer.is_file():
         raise ExportError(f"tokenizer not found: {opts.tokenizer} (make it: `python -m model_export.corpus tokenizer`)")
+    check_device(opts.device)
+    check_run_folder(opts.out)  # created by the first checkpoint's save
     torch.set_num_threads(opts.threads)
-    opts.out.mkdir(parents=True, exist_ok=True)
     sp = spm.SentencePieceProcessor(model_file=str(opts.tokenizer))
     # 1. data: encode once, keep ids in memory
     sources, targets, _ = encode_split(opts.corpus, "train", sp, opts)
