@@ -58,12 +58,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from model_export import checkpoint
-    from model_export.verify import verify_folder
+    from model_export.verify import DEFAULT_TOLERANCE, verify_folder
 
-    report = verify_folder(args.model_dir, checkpoint.load(args.checkpoint), args.variant)
-    print(report.summary(args.tolerance))
-    if report.max_abs_diff > args.tolerance or not report.ok:
-        raise ExportError(f"{args.model_dir} does not reproduce {args.checkpoint}: {report.summary(args.tolerance)}")
+    report = verify_folder(args.model_dir, checkpoint.load(args.checkpoint), args.variant, tolerance=args.tolerance)
+    tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance  # fp32's; int8 and fp16 have their own
+    print(report.summary(tolerance))
+    if report.max_abs_diff > tolerance or not report.ok:
+        raise ExportError(f"{args.model_dir} does not reproduce {args.checkpoint}: {report.summary(tolerance)}")
     return 0
 
 
@@ -285,7 +286,11 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--checkpoint", type=Path, required=True)
     verify.add_argument("--model-dir", type=Path, required=True)
     verify.add_argument("--variant", help="graph variant to check (default: the manifest's default)")
-    verify.add_argument("--tolerance", type=positive_float, default=1e-4)
+    verify.add_argument(
+        "--tolerance",
+        type=positive_float,
+        help="largest |log p| difference from PyTorch for every graph (default: fp32 1e-4, fp16 0.02, int8 1.0)",
+    )
     verify.set_defaults(run=cmd_verify)
 
     from_folder = sub.add_parser("from-folder", help="rebuild a checkpoint from a model folder's fp32 graphs")

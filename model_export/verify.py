@@ -215,14 +215,19 @@ def check_tokenizer(folder: ModelFolder, checkpoint: Checkpoint) -> None:
     Tokenizer.from_folder(folder)
 
 
-def check_graph(model: Transformer, folder: ModelFolder, variant: str, graph: str, seed: int) -> GraphReport:
+def check_graph(
+    model: Transformer, folder: ModelFolder, variant: str, graph: str, seed: int, override: float | None = None
+) -> GraphReport:
     """One step graph, run for every step (PinnedRuntime): teacher-forced log-probs on SHAPES, greedy ids (unscored,
     the server's default path) and beam-4 ids, except on the ragged graph, which the server never runs for beams.
-    A graph of lower precision is held to its own tolerance, and its ids to close_decodings."""
+    A graph of lower precision is held to its own tolerance (`override` given: that one instead), and its ids to
+    close_decodings."""
     runtime = PinnedRuntime(folder, variant, graph)
     diff = float(np.max([teacher_forced_diff(model, runtime, shape, seed + i) for i, shape in enumerate(SHAPES)]))
     precision = folder.variant(variant).precision
     tolerance = SINGLE_ROW_TOLERANCE if graph == "decoder_step_single" else OWN_TOLERANCE.get(precision)
+    if tolerance is not None and override is not None:
+        tolerance = override
     beams = (1,) if graph == "decoder_step_ragged" else (1, 4)
     if tolerance is None:
         same = [same_decodings(model, runtime, beam, seed, scored=beam > 1) for beam in beams]
@@ -231,8 +236,11 @@ def check_graph(model: Transformer, folder: ModelFolder, variant: str, graph: st
     return GraphReport(variant, graph, diff, same[0], same[1] if len(same) > 1 else None, tolerance)
 
 
-def verify_folder(folder_path: Path, checkpoint: Checkpoint, variant: str | None = None, seed: int = 0) -> VerifyReport:
-    """`variant` None: every variant of the folder, each graph by its precision's tolerance (fp32's the caller's)."""
+def verify_folder(
+    folder_path: Path, checkpoint: Checkpoint, variant: str | None = None, seed: int = 0, tolerance: float | None = None
+) -> VerifyReport:
+    """`variant` None: every variant of the folder, each graph by its precision's tolerance (fp32's the caller's);
+    `tolerance` given (the CLI's --tolerance): the lower precisions' too."""
     folder = load_model_folder(folder_path)
     declared = folder.manifest.config.model_dump()
     differing = sorted(k for k, v in checkpoint.config.to_dict().items() if declared.get(k) != v)
@@ -245,5 +253,5 @@ def verify_folder(folder_path: Path, checkpoint: Checkpoint, variant: str | None
     for name in variants:
         spec = folder.variant(name)
         graphs = [graph for graph in STEP_GRAPHS if getattr(spec, graph) is not None]
-        reports += [check_graph(model, folder, name, graph, seed) for graph in graphs]
+        reports += [check_graph(model, folder, name, graph, seed, tolerance) for graph in graphs]
     return VerifyReport(tuple(reports), len(SHAPES))

@@ -116,6 +116,9 @@ def test_an_int8_default_variant_passes_a_plain_verify(
     assert out.startswith("5 step graphs reproduce the checkpoint") and "int8 decoder_step_single: " in out
     assert main([*args, "--variant", "int8"]) == 0
     assert main([*args, "--tolerance", "1e-12"]) == EXIT_BAD_INPUT
+    capsys.readouterr()
+    assert main([*args, "--variant", "int8", "--tolerance", "1e-3"]) == EXIT_BAD_INPUT  # int8's own 1.0 overridden
+    assert "(tolerance 0.001, int8's)" in capsys.readouterr().err
 
 
 def test_a_replaced_tokenizer_fails(model_dir: Path, checkpoint_path: Path, tmp_path: Path) -> None:
