@@ -414,8 +414,10 @@ def test_an_early_pass_whose_bucket_is_admitted_in_parts_is_cancelled_before_it_
     runtime.gate.set()
     drain(scheduler)
     # the long one, the held one, the bucket's first sentence alone (its bucket's early pass, cancelled, is not
-    # merged into that pass), then its second sentence; before, the unused early pass ran: [1, 1, 3, 1]
-    assert runtime.encoder_calls == [1, 1, 1, 1]
+    # merged into that pass), then its second sentence (merged with the first's pass when the worker admits it
+    # before the encoder thread reaches that pass: [1, 1, 2], a race either way is right); before, the unused early
+    # pass ran: [1, 1, 3, 1]
+    assert runtime.encoder_calls in ([1, 1, 1, 1], [1, 1, 2])
     assert split.results == [alone(s, GREEDY) for s in srcs]
     assert first.error is None and held.results == [alone([5, 6, 7, EOS], GREEDY)]
 
