@@ -271,7 +271,10 @@ def parser() -> argparse.ArgumentParser:
     params = sub.add_parser("params", help="print a model's parameter count by part")
     params.add_argument("--checkpoint", type=Path, help="count this checkpoint's model")
     params.add_argument(
-        "--vocab", type=positive_int, default=37000, help="without --checkpoint: the paper's base model, shared vocab"
+        "--vocab",
+        type=int_between(1, 2**31 - 1),
+        default=37000,
+        help="without --checkpoint: the paper's base model, shared vocab",
     )
     params.set_defaults(run=cmd_params)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.errors import ModelFolderError
 
@@ -139,8 +139,8 @@ class Manifest(_Strict):
     format_version: int
     name: str
     version: str
-    source_language: str
-    target_languages: list[str]
+    source_language: str = Field(min_length=1)
+    target_languages: list[str] = Field(min_length=1)  # a folder with none can translate nothing
     config: Architecture
     special_ids: SpecialIds
     tokenizer: TokenizerSpec

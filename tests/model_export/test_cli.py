@@ -106,7 +106,8 @@ def test_verify_refuses_a_damaged_folder(
             ["verify", "--checkpoint", "c", "--model-dir", "m", "--tolerance", "0"],
             "argument --tolerance: must be a number above 0",
         ),
-        (["params", "--vocab", "0"], "argument --vocab: must be a whole number of at least 1"),
+        (["params", "--vocab", "0"], "argument --vocab: must be a whole number from 1 to 2147483647"),
+        (["params", "--vocab", "9" * 20], "argument --vocab: must be a whole number from 1 to 2147483647"),
     ],
 )
 def test_a_number_out_of_range_is_refused_before_any_work(

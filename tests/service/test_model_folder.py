@@ -75,6 +75,17 @@ def test_manifest_field_missing(folder: Path) -> None:
         load_model_folder(folder)
 
 
+def test_a_manifest_without_a_target_language_is_refused(folder: Path) -> None:
+    """A folder with no target (or an empty source) language could translate nothing: refused at load, not an
+    IndexError in `evaluate` or a model no request can pick."""
+    edit_manifest(folder, lambda m: m.update(target_languages=[]))
+    with pytest.raises(ModelFolderError, match="target_languages: List should have at least 1 item"):
+        load_model_folder(folder)
+    edit_manifest(folder, lambda m: m.update(target_languages=["fr"], source_language=""))
+    with pytest.raises(ModelFolderError, match="source_language: String should have at least 1 character"):
+        load_model_folder(folder)
+
+
 def test_newer_format_version(folder: Path) -> None:
     edit_manifest(folder, lambda m: m.update(format_version=FORMAT_VERSION + 1))
     newer = f"format_version {FORMAT_VERSION + 1} is newer than {FORMAT_VERSION}.*run a server as new"
