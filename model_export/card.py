@@ -27,12 +27,18 @@ def parameter_count(checkpoint: Checkpoint) -> int:
 
 
 def architecture(checkpoint: Checkpoint) -> str:
+    """The model in one line, each claim read from its config."""
     c = checkpoint.config
+    vocabulary = (
+        f"shared {c.src_vocab_size:,}-piece SentencePiece vocabulary"
+        if c.share_embeddings
+        else f"{c.src_vocab_size:,}-piece source and {c.tgt_vocab_size:,}-piece target vocabularies"
+    )
+    output = "output projection tied to the target embeddings" if c.tie_output else "an output projection of its own"
     return (
         f"{c.norm_position}-norm Transformer, d_model {c.d_model}, {c.n_heads} heads, d_ff {c.d_ff}, "
         f"{c.n_encoder_layers} encoder + {c.n_decoder_layers} decoder layers, {c.activation}, "
-        f"{c.sinusoid_layout} sinusoids, shared {c.src_vocab_size:,}-piece SentencePiece vocabulary, "
-        f"tied embeddings, {parameter_count(checkpoint):,} parameters"
+        f"{c.sinusoid_layout} sinusoids, {vocabulary}, {output}, {parameter_count(checkpoint):,} parameters"
     )
 
 

@@ -213,3 +213,18 @@ def test_card_refuses_what_it_cannot_read_in_one_line(
     assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
     assert message.format(report=report, corpus=corpus) in result.stderr
     assert not (folder / "README.md").exists() or "fp32 | greedy" not in (folder / "README.md").read_text()
+
+
+def test_the_cards_architecture_line_says_what_the_config_says() -> None:
+    """The card claimed a shared vocabulary and tied embeddings whatever the model had."""
+    from types import SimpleNamespace
+
+    from model_export.card import architecture
+    from tests.factories import tiny_config
+
+    shared = architecture(SimpleNamespace(config=tiny_config(96)))
+    assert "shared 96-piece SentencePiece vocabulary, output projection tied to the target embeddings" in shared
+    separate = architecture(
+        SimpleNamespace(config=tiny_config(96, share_embeddings=False, tgt_vocab_size=80, tie_output=False))
+    )
+    assert "96-piece source and 80-piece target vocabularies, an output projection of its own" in separate
