@@ -108,12 +108,21 @@ def fp32_copy(folder_path: Path, precision: str, verb: str) -> tuple[ModelFolder
 
 
 def add_variant(folder_path: Path, manifest: dict, variant: dict, written: list[str], make_default: bool) -> dict:
-    """Records a derived variant and its new files in the manifest, writes it, and checks the folder still loads."""
+    """Records a derived variant and its new files in the manifest, writes it, and checks the folder still loads.
+    A file the variant's last version had and this one has not (`quantize --fp32-embeddings` after `quantize`: the
+    shared int8 table) leaves the manifest and the folder: listed, it tied the folder's loading to a file that
+    nothing reads."""
     manifest["variants"][variant["precision"]] = variant
     manifest["files"].update(file_entries(folder_path, written))
     if make_default:
         manifest["default_variant"] = variant["precision"]
     write_manifest(folder_path, manifest)
+    stale = sorted(set(manifest["files"]) - set(load_model_folder(folder_path).manifest.referenced_files()))
+    for name in stale:
+        del manifest["files"][name]
+        (folder_path / name).unlink(missing_ok=True)
+    if stale:
+        write_manifest(folder_path, manifest)
     load_model_folder(folder_path)  # the folder must still load
     return manifest
 

@@ -186,3 +186,16 @@ def test_the_model_cards_variant_size_counts_every_graph_and_shared_table(quanti
     int8_files = [path for path in quantized.iterdir() if ".int8." in path.name]
     assert {"decoder_step_single.int8.onnx", "embeddings.int8.bin"} <= {path.name for path in int8_files}
     assert variant_bytes(quantized, variants["int8"]) == sum(path.stat().st_size for path in int8_files)
+
+
+def test_quantizing_again_without_the_shared_table_drops_it(quantized: Path, tmp_path: Path) -> None:
+    """`quantize --fp32-embeddings` after `quantize`: the int8 table nothing reads any more leaves the manifest and
+    the folder, so that the folder's loading no longer depends on it."""
+    folder = Path(shutil.copytree(quantized, tmp_path / "q"))
+    shared = load_model_folder(folder).manifest.variants["int8"].shared_initializers
+    assert shared, "the fixture's int8 variant shares its embedding table"
+    table = shared[0].file
+    add_int8_variant(folder, embeddings=False)
+    manifest = load_model_folder(folder).manifest
+    assert table not in manifest.files and not (folder / table).exists()
+    assert not manifest.variants["int8"].shared_initializers and "decoder_step.onnx" in manifest.files
