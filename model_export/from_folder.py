@@ -191,7 +191,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ExportError(f"{path}: not valid JSON ({error})") from None
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if not isinstance(version, int):
+    if isinstance(version, str | float) and not isinstance(version, bool):  # "8" and 8.0, as the server reads them
+        version = int(version) if str(version).removesuffix(".0").isdigit() else None
+    if isinstance(version, bool) or not isinstance(version, int):
         raise ExportError(f"{path}: no format_version: not a model folder's manifest (`export` writes one)")
     if version < OLDEST_FORMAT_VERSION:
         raise ExportError(
@@ -208,13 +210,19 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 def fp32_graph_paths(folder: Path, manifest: dict[str, Any]) -> tuple[Path, Path]:
     """The fp32 variant's encoder and step graph, both present."""
-    variant = manifest.get("variants", {}).get(VARIANT)
+    variants = manifest.get("variants")
+    if not isinstance(variants, dict):
+        raise ExportError(f"{folder / MANIFEST}: 'variants' is not an object of variants (`export` writes one)")
+    variant = variants.get(VARIANT)
     if not variant:
         raise ExportError(
             f"{folder}: no {VARIANT} variant: the weights are rebuilt from the fp32 graphs (int8 and fp16 ones have "
             f"lost precision): {RESTORE}"
         )
-    paths = (folder / variant["encoder"]["file"], folder / variant["decoder_step"]["file"])
+    try:
+        paths = (folder / variant["encoder"]["file"], folder / variant["decoder_step"]["file"])
+    except (KeyError, TypeError):
+        raise ExportError(f"{folder / MANIFEST}: its {VARIANT} variant does not name its graphs' files") from None
     for path in paths:
         if not path.is_file():
             raise ExportError(f"{path}: missing: the weights are rebuilt from the fp32 graphs: {RESTORE}")

@@ -99,6 +99,14 @@ def _edit_manifest(folder: Path, change: Callable[[dict], object]) -> None:
     write_manifest(folder, manifest)
 
 
+def test_a_format_version_written_as_the_server_reads_it_is_read(model_dir: Path, tmp_path: Path) -> None:
+    """The server's loader reads "8" and 8.0 as 8: so does from-folder."""
+    for written in (str, float):
+        folder = Path(shutil.copytree(model_dir, tmp_path / written.__name__))
+        _edit_manifest(folder, lambda m, w=written: m.update(format_version=w(m["format_version"])))
+        assert main(["from-folder", "--model-dir", str(folder), "--out", str(folder.with_suffix(".pt"))]) == 0
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
@@ -111,8 +119,21 @@ def _edit_manifest(folder: Path, change: Callable[[dict], object]) -> None:
             "format_version 2 is older than 3, the oldest this model_export reads: rebuild the checkpoint with",
         ),
         (lambda f: (f / MANIFEST).unlink(), "is not a model folder"),
+        (lambda f: _edit_manifest(f, lambda m: m.update(variants="fp32")), "'variants' is not an object"),
+        (lambda f: _edit_manifest(f, lambda m: m["variants"]["fp32"].pop("encoder")), "does not name its graphs'"),
+        (lambda f: _edit_manifest(f, lambda m: m.update(format_version=True)), "no format_version"),
     ],
-    ids=["no encoder.onnx", "truncated graph", "missing weight", "no fp32 variant", "format 2", "no manifest"],
+    ids=[
+        "no encoder.onnx",
+        "truncated graph",
+        "missing weight",
+        "no fp32 variant",
+        "format 2",
+        "no manifest",
+        "variants a string",
+        "no encoder entry",
+        "format True",
+    ],
 )
 def test_a_folder_it_cannot_read_is_one_line(
     damage: Callable[[Path], None], message: str, model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
