@@ -15,6 +15,7 @@ from model_export.checkpoint import Checkpoint
 from model_export.errors import ExportError
 from model_export.export import variant_files
 from model_export.model import Transformer
+from service.model_folder import load_model_folder
 
 
 def _row(*cells: object) -> str:
@@ -178,16 +179,34 @@ def read_reports(paths: list[Path]) -> list[dict]:
         missing = [key for key in REPORT_KEYS if key not in report] if isinstance(report, dict) else list(REPORT_KEYS)
         if missing:
             raise ExportError(f"{path}: not an evaluation report of `evaluate --json`: no {', '.join(missing)}")
+        if not (isinstance(report["seconds"], int | float) and report["seconds"] > 0):
+            raise ExportError(f"{path}: seconds is {report['seconds']!r}; a report's run takes a positive time")
         reports.append(report)
     return reports
+
+
+def read_stats(path: Path) -> dict:
+    """The corpus's stats.json (`corpus build` writes it), checked for what the card reads of it."""
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ExportError(f"{path}: not valid JSON ({error}); `corpus build` writes it") from None
+    shapes = {"pairs": dict, "packages": list, "groups": dict, "dropped": dict}
+    wrong = [key for key, kind in shapes.items() if not isinstance(stats, dict) or not isinstance(stats.get(key), kind)]
+    if not wrong and not all(isinstance(stats["pairs"].get(split), int) for split in ("train", "dev", "test")):
+        wrong = ["pairs (train, dev and test counts)"]
+    if wrong:
+        raise ExportError(f"{path}: not the stats `corpus build` writes: no {', '.join(wrong)}")
+    return stats
 
 
 def write_card(folder: Path, checkpoint: Checkpoint, corpus: Path, reports: list[dict], title: str) -> Path:
     for needed in (folder / "manifest.json", corpus / "stats.json", corpus / "NOTICE"):
         if not needed.is_file():
             raise ExportError(f"{needed}: missing (the model folder `export` writes, the corpus `corpus build` writes)")
+    load_model_folder(folder, verify_checksums=False)  # a manifest the server reads, or its one-line error
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    stats = json.loads((corpus / "stats.json").read_text(encoding="utf-8"))
+    stats = read_stats(corpus / "stats.json")
     default = manifest["default_variant"]
     sizes = ", ".join(f"{name} {variant_bytes(folder, v) / 1e6:.1f} MB" for name, v in manifest["variants"].items())
     lines = [

@@ -197,6 +197,15 @@ def test_card_writes_the_folders_readme_from_its_reports(
             "{report}: not an evaluation report of `evaluate --json`: no variant",
         ),
         (lambda report, corpus: (corpus / "stats.json").unlink(), "{corpus}/stats.json: missing"),
+        (
+            lambda report, corpus: (corpus / "stats.json").write_text('{"pairs": {}}'),
+            "{corpus}/stats.json: not the stats `corpus build` writes: no packages, groups, dropped",
+        ),
+        (
+            lambda report, corpus: report.write_text(json.dumps({**json.loads(report.read_text()), "seconds": 0})),
+            "{report}: seconds is 0; a report's run takes a positive time",
+        ),
+        (lambda report, corpus: (corpus.parent / "folder" / "manifest.json").write_text("{"), "not valid JSON"),
     ],
 )
 def test_card_refuses_what_it_cannot_read_in_one_line(
