@@ -410,6 +410,12 @@ def token_for(language: str, tokens: dict[str, str], where: Path) -> str:
 def guessed_languages(src: MarianFolder) -> tuple[str | None, str | None]:
     """(source, target) from tokenizer_config.json, else from a name like opus-mt-en-fr (folder or _name_or_path)."""
     source, target = src.tokenizer_config.get("source_lang"), src.tokenizer_config.get("target_lang")
+    for key, value in (("source_lang", source), ("target_lang", target)):
+        if value is not None and not isinstance(value, str):
+            raise ExportError(
+                f"{src.path / 'tokenizer_config.json'}: {key} is {value!r}, not a language code; fix it, or pass "
+                "--source-language / --target-languages"
+            )
     for name in (src.path.resolve().name, Path(str(src.config.get("_name_or_path", ""))).name):
         parts = name.split("-")
         if name.startswith("opus-mt-") and len(parts) >= 4:

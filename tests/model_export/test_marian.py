@@ -350,6 +350,8 @@ def test_languages_from_the_command_line_win(hf_dir: Path, multilingual_dir: Pat
         (lambda f: edit_json(f / "config.json", d_model=48), [], "model.shared.weight) has shape (95, 32), the config"),
         (lambda f: f.rename(f.with_name("tiny")), [], "cannot tell the source language; pass --source-language"),
         (lambda f: None, ["--target-languages", "fr,es"], "translates into one language; got fr,es"),
+        (lambda f: (f / "tokenizer_config.json").write_text('{"target_lang": ["fr"]}'), [],
+         "tokenizer_config.json: target_lang is ['fr'], not a language code"),
     ],
 )
 def test_convert_marian_refuses_bad_input(
