@@ -14,6 +14,7 @@ from pathlib import Path
 import sacrebleu
 from tqdm import tqdm
 
+from model_export.corpus import read_lines
 from model_export.corpus.clean import placeholders
 from model_export.errors import ExportError
 from service.decoding import SearchOptions
@@ -56,19 +57,6 @@ class EvalReport:
 
 def same_placeholders(source: str, translation: str) -> bool:
     return Counter(placeholders(source)) == Counter(placeholders(translation))
-
-
-def read_lines(path: Path) -> list[str]:
-    """A corpus file's lines, split at "\\n" only: str.splitlines also splits at U+2028, \\x85 and \\x1c-\\x1e, so
-    a sentence holding one would shift every later pair. A final newline ends the last line; "\\r\\n" is one."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ExportError(f"{path}: not UTF-8 text (byte {error.start}); convert it to UTF-8") from None
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
 
 
 def read_split(corpus: Path, split: str, source: str, target: str) -> tuple[list[str], list[str]]:

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model_export import checkpoint as ckpt
-from model_export import evaluate, reference
+from model_export import reference
 from model_export.config import TransformerConfig
+from model_export.corpus import read_lines as corpus_lines
 from model_export.errors import ExportError
 from model_export.model import Transformer
 
@@ -82,7 +83,7 @@ def read_lines(path: Path) -> list[str]:
     """A corpus file's lines, split at "\\n" only (evaluate's rule: a U+2028 inside a sentence must not shift pairs)."""
     if not path.is_file():
         raise ExportError(f"corpus file not found: {path} (build it with `python -m model_export.corpus build`)")
-    return evaluate.read_lines(path)
+    return corpus_lines(path)
 
 
 def encode_split(corpus: Path, split: str, sp: spm.SentencePieceProcessor, opts: TrainOptions):

@@ -123,6 +123,8 @@ class Translator:
     def _check_sentences(self, count: int, cut: bool = False) -> None:
         """413 for more sentences than a request may have, or than the whole queue holds (a 503 'retry later' for
         a request that can never fit would be retried forever). `cut`: counted once long sentences were cut."""
+        if count <= min(self.settings.max_request_sentences, self.settings.max_queue_sentences):
+            return  # (every request: no message built)
         has = f"the request has {count} sentences" + (
             f" once its sentences are cut to {self.max_source_tokens} tokens (MT_MAX_SENTENCE_TOKENS)" if cut else ""
         )

@@ -118,6 +118,17 @@ def wait_for(condition: object, seconds: float, what: str) -> None:
     raise AssertionError(f"{what} within {seconds} s")
 
 
+def slow_request_in_flight(url: str, texts: int) -> tuple[threading.Thread, dict[str, httpx.Response]]:
+    """A beam-8 request of `texts` texts (4 sentences each), sent on a thread of its own and in flight on return:
+    the thread, and where its answer lands (`["r"]`)."""
+    answer: dict[str, httpx.Response] = {}
+    body = {"q": [SENTENCES] * texts, "source": "en", "target": "fr", "beam_size": 8}
+    worker = threading.Thread(target=lambda: answer.update(r=httpx.post(f"{url}/translate", json=body, timeout=120)))
+    worker.start()
+    wait_for(lambda: metric(httpx.get(f"{url}/metrics").text, "mt_requests_in_flight") == 1, 30, "not in flight")
+    return worker, answer
+
+
 def test_sigterm_drains_then_exits_0(model_dir: Path) -> None:
     port = free_port()
     # one beam-8 sentence at a time: the slow request below takes seconds, on any machine
@@ -127,11 +138,7 @@ def test_sigterm_drains_then_exits_0(model_dir: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process)
-        slow: dict[str, httpx.Response] = {}
-        body = {"q": [SENTENCES] * 24, "source": "en", "target": "fr", "beam_size": 8}
-        worker = threading.Thread(target=lambda: slow.update(r=httpx.post(f"{url}/translate", json=body, timeout=120)))
-        worker.start()
-        wait_for(lambda: metric(httpx.get(f"{url}/metrics").text, "mt_requests_in_flight") == 1, 30, "not in flight")
+        worker, slow = slow_request_in_flight(url, 24)
         process.send_signal(signal.SIGTERM)
         wait_for(lambda: httpx.get(f"{url}/ready").status_code == 503, 10, "readiness not false")
         assert httpx.get(f"{url}/ready").json() == {"error": "shutting down"}
@@ -163,11 +170,7 @@ def test_work_left_when_the_grace_period_ends_is_answered_503_before_the_exit(mo
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process)
-        slow: dict[str, httpx.Response] = {}
-        body = {"q": [SENTENCES] * 128, "source": "en", "target": "fr", "beam_size": 8}  # 512 sentences: long
-        worker = threading.Thread(target=lambda: slow.update(r=httpx.post(f"{url}/translate", json=body, timeout=60)))
-        worker.start()
-        wait_for(lambda: metric(httpx.get(f"{url}/metrics").text, "mt_requests_in_flight") == 1, 30, "not in flight")
+        worker, slow = slow_request_in_flight(url, 128)  # 512 sentences: long
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         worker.join(timeout=30)
