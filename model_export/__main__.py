@@ -63,7 +63,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify_folder(args.model_dir, checkpoint.load(args.checkpoint), args.variant, tolerance=args.tolerance)
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance  # fp32's; int8 and fp16 have their own
     print(report.summary(tolerance))
-    if report.max_abs_diff > tolerance or not report.ok:
+    if report.failed(tolerance):
         raise ExportError(f"{args.model_dir} does not reproduce {args.checkpoint}: {report.summary(tolerance)}")
     return 0
 

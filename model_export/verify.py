@@ -85,14 +85,6 @@ class VerifyReport:
         return max((g.max_abs_diff for g in self.graphs if g.tolerance is None), default=0.0)
 
     @property
-    def greedy_equal(self) -> bool:
-        return all(g.greedy_equal for g in self.graphs)
-
-    @property
-    def beam_equal(self) -> bool:
-        return all(g.beam_equal is not False for g in self.graphs)
-
-    @property
     def ok(self) -> bool:
         """Ids equal everywhere, no nan, and every graph with its own tolerance within it."""
         return all(g.ok(math.inf) for g in self.graphs) and not math.isnan(self.max_abs_diff)
@@ -112,13 +104,17 @@ class VerifyReport:
 
 
 class PinnedRuntime(OnnxRuntime):
-    """The server's runtime with every step on one step graph of its variant, whatever the rows and sources, so
-    that each graph is checked on its own (the server picks among them per step: OnnxRuntime._step_graph)."""
+    """The server's runtime with every step on the step graph `pin` chose, whatever the rows and sources, so that
+    each graph is checked on its own (the server picks among them per step: OnnxRuntime._step_graph). One runtime,
+    its sessions opened once, serves every graph of its variant."""
 
-    def __init__(self, folder: ModelFolder, variant: str, graph: str) -> None:
+    def __init__(self, folder: ModelFolder, variant: str) -> None:
         super().__init__(folder, variant)
+        self.folder, self.variant, self.pinned = folder, variant, "decoder_step"
+
+    def pin(self, graph: str) -> None:
         if self.steps[graph] is None:
-            raise ExportError(f"{folder.path}: variant {variant} has no {graph} session to run")
+            raise ExportError(f"{self.folder.path}: variant {self.variant} has no {graph} session to run")
         self.pinned = graph
 
     def _step_graph(self, cache: DecoderCache, candidates: int) -> str:
@@ -216,15 +212,15 @@ def check_tokenizer(folder: ModelFolder, checkpoint: Checkpoint) -> None:
 
 
 def check_graph(
-    model: Transformer, folder: ModelFolder, variant: str, graph: str, seed: int, override: float | None = None
+    model: Transformer, runtime: PinnedRuntime, variant: str, graph: str, seed: int, override: float | None = None
 ) -> GraphReport:
-    """One step graph, run for every step (PinnedRuntime): teacher-forced log-probs on SHAPES, greedy ids (unscored,
+    """One step graph, run for every step (runtime.pin): teacher-forced log-probs on SHAPES, greedy ids (unscored,
     the server's default path) and beam-4 ids, except on the ragged graph, which the server never runs for beams.
     A graph of lower precision is held to its own tolerance (`override` given: that one instead), and its ids to
     close_decodings."""
-    runtime = PinnedRuntime(folder, variant, graph)
+    runtime.pin(graph)
     diff = float(np.max([teacher_forced_diff(model, runtime, shape, seed + i) for i, shape in enumerate(SHAPES)]))
-    precision = folder.variant(variant).precision
+    precision = runtime.folder.variant(variant).precision
     tolerance = SINGLE_ROW_TOLERANCE if graph == "decoder_step_single" else OWN_TOLERANCE.get(precision)
     if tolerance is not None and override is not None:
         tolerance = override
@@ -251,7 +247,7 @@ def verify_folder(
     variants = [variant] if variant is not None else list(folder.manifest.variants)
     reports = []
     for name in variants:
-        spec = folder.variant(name)
+        spec, runtime = folder.variant(name), PinnedRuntime(folder, name)
         graphs = [graph for graph in STEP_GRAPHS if getattr(spec, graph) is not None]
-        reports += [check_graph(model, folder, name, graph, seed, tolerance) for graph in graphs]
+        reports += [check_graph(model, runtime, name, graph, seed, tolerance) for graph in graphs]
     return VerifyReport(tuple(reports), len(SHAPES))
