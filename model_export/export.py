@@ -104,7 +104,19 @@ def fp32_copy(folder_path: Path, precision: str, verb: str) -> tuple[ModelFolder
     manifest = json.loads((folder_path / MANIFEST).read_text(encoding="utf-8"))
     variant = json.loads(folder.manifest.variants["fp32"].model_dump_json())
     variant["precision"] = precision
+    for file in variant_files(variant):
+        check_graph(folder.file(file))
     return folder, manifest, variant
+
+
+def check_graph(path: Path) -> None:
+    """ExportError, one line, when path is not a valid ONNX graph (a checksum matches whatever file it was made
+    from): the converters would end in a protobuf or shape-inference traceback."""
+    try:
+        onnx.checker.check_model(str(path))
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        reason = (str(error).strip().splitlines() or ["unreadable"])[0].replace(f" from file: {path}", "")
+        raise ExportError(f"{path}: not a valid ONNX graph ({reason}); re-export the model folder") from None
 
 
 def add_variant(folder_path: Path, manifest: dict, variant: dict, written: list[str], make_default: bool) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from model_export.corpus import CorpusError
+from model_export.corpus import CorpusError, read_lines
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,9 @@ def train_tokenizer(corpus: Path, out_prefix: Path, vocab_size: int, sentence_ca
 
 
 def pieces_per_sentence(model: Path, text_file: Path) -> float:
-    """Average number of pieces per line of a text file."""
+    """Average number of pieces per line of a text file (its lines as training reads them)."""
     processor = spm.SentencePieceProcessor(model_file=str(model))
-    lines = text_file.read_text(encoding="utf-8").splitlines()
+    lines = read_lines(text_file)
     if not lines:
         return 0.0
     return sum(len(ids) for ids in processor.encode(lines)) / len(lines)

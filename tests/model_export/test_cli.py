@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from model_export.__main__ import EXIT_BAD_INPUT, main
+from service.model_folder import sha256_of
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -68,6 +69,24 @@ def test_verify_refuses_a_damaged_folder(
     assert result.returncode == EXIT_BAD_INPUT
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("command", ["quantize", "half"])
+def test_a_derived_variant_refuses_a_graph_that_is_not_onnx(
+    command: str, model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A garbage encoder.onnx whose checksum was updated with it passes the folder's load; the converters once
+    ended in a protobuf traceback."""
+    folder = Path(shutil.copytree(model_dir, tmp_path / "f"))
+    (folder / "encoder.onnx").write_bytes(b"garbage")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["encoder.onnx"] = {"sha256": sha256_of(folder / "encoder.onnx"), "bytes": 7}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert main([command, "--model-dir", str(folder)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {folder / 'encoder.onnx'}: not a valid ONNX graph (Unable to parse proto")
+    assert len(err.strip().splitlines()) == 1 and "re-export the model folder" in err
+    assert json.loads((folder / "manifest.json").read_text()) == manifest  # nothing written
 
 
 @pytest.mark.parametrize(

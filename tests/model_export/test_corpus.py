@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polib
 import pytest
+import sentencepiece as spm
 
 from model_export.corpus import CorpusError, clean
 from model_export.corpus.__main__ import main
@@ -21,6 +22,7 @@ from model_export.corpus.fetch import cached_archive, deb_glob
 from model_export.corpus.notice import debian_licence, wheel_licence
 from model_export.corpus.pins import Pin, parse_pins
 from model_export.corpus.split import Pair, deduplicate, group_by_key, split_pairs
+from model_export.corpus.tokenizer import pieces_per_sentence
 
 
 def make_mo(path: Path, entries: list[polib.POEntry]) -> Path:
@@ -315,3 +317,17 @@ def test_cli_error_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: cannot read packages list") and err.count("\n") == 1
     assert main(["tokenizer", "--corpus", str(tmp_path)]) == 1
+
+
+def test_pieces_per_sentence_counts_the_lines_training_reads(spm_model: bytes, tmp_path: Path) -> None:
+    """Lines split at "\\n" only, as `read_lines` splits them for training: a U+2028 inside a sentence is not a
+    line break (str.splitlines made it two lines)."""
+    model = tmp_path / "spm.model"
+    model.write_bytes(spm_model)
+    text = tmp_path / "dev.en"
+    text.write_text("the cat\u2028sat\nthe dog\n", encoding="utf-8")
+    pieces = sum(
+        len(piece_ids)
+        for piece_ids in spm.SentencePieceProcessor(model_file=str(model)).encode(["the cat\u2028sat", "the dog"])
+    )
+    assert pieces_per_sentence(model, text) == pieces / 2
