@@ -93,7 +93,7 @@ class TranslateRequest(BaseModel):
     target: str = Field(description="target language code")
     format: Literal["text", "html"] = Field("text", description="html: tags are kept, text between them translated")
     alternatives: int = Field(0, ge=0, description="alternative translations besides the best; at most max beam - 1")
-    api_key: str | None = Field(None, description="needed when the server has API keys")
+    api_key: str | None = Field(None, description="needed when the server has API keys (or a header has it)")
     beam_size: int | None = Field(None, ge=1, description="1 is greedy; default from the server's settings")
     max_length: int | None = Field(None, ge=1, description="maximum generated tokens per sentence")
     length_penalty: float | None = Field(
@@ -518,8 +518,20 @@ def key_matches(keys: list[str], given: str) -> bool:
     return matched
 
 
-def check_key(settings: Settings, given: str | None) -> None:
-    if settings.api_keys and not key_matches(settings.api_keys, given or ""):
+def header_key(request: Request) -> str:
+    """The key an X-API-Key or an Authorization: Bearer header holds; "" when neither does."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return request.headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
+
+
+def check_key(settings: Settings, payload: dict[str, Any], request: Request) -> None:
+    """/translate when MT_API_KEYS is set: the body's api_key (LibreTranslate's place), else a header's. Checked
+    as soon as the body is parsed, before its size and fields: a client without a key learns nothing more."""
+    if not settings.api_keys:
+        return
+    in_body = payload.get("api_key")
+    given = in_body if in_body not in (None, "") else header_key(request)
+    if not isinstance(given, str) or not key_matches(settings.api_keys, given):
         raise Forbidden("a valid api_key is required" if given else "this server needs an api_key")
 
 
@@ -527,8 +539,7 @@ def check_metadata_key(settings: Settings, request: Request) -> None:
     """/metrics and /v1/models when MT_METADATA_API_KEYS is set: X-API-Key or Authorization: Bearer."""
     if not settings.metadata_api_keys:
         return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    given = request.headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
+    given = header_key(request)
     if not key_matches(settings.metadata_api_keys, given):
         raise Forbidden(
             "a valid key is required (X-API-Key header or Authorization: Bearer)"
@@ -580,9 +591,9 @@ async def translate(state: State, scope: Scope, receive: Receive) -> dict[str, A
     the languages (or `model`) pick, the answer as TranslateResponse's fields."""
     settings, request = state.settings, Request(scope, receive)
     payload = await read_payload(request)
+    check_key(settings, payload, request)
     check_items(settings, payload)
     body = TranslateRequest.model_validate(payload)
-    check_key(settings, body.api_key or request.headers.get("x-api-key"))
     texts = [body.q] if isinstance(body.q, str) else body.q
     check_size(settings, texts)
     options = translate_options(settings, body)

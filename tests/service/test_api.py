@@ -244,6 +244,13 @@ def test_api_keys(model_dir: Path) -> None:
         assert lone.status_code == 403 and lone.json() == {"error": "a valid api_key is required"}  # not a 500
         assert c.post("/translate", json={**body, "api_key": "other"}).status_code == 200
         assert c.post("/translate", json=body, headers={"x-api-key": "s3cret"}).status_code == 200
+        assert c.post("/translate", json=body, headers={"authorization": "Bearer s3cret"}).status_code == 200
+        assert c.post("/translate", json={**body, "api_key": ""}, headers={"x-api-key": "other"}).status_code == 200
+        # the key before the body's size and fields: a client without one learns nothing of them
+        for unkeyed in ({**body, "q": ["x"] * 1000}, {**body, "beam_size": 0}, {"api_key": 7}):
+            refused = c.post("/translate", json=unkeyed)
+            assert refused.status_code == 403, unkeyed
+        assert c.post("/translate", json={**body, "beam_size": 0, "api_key": "s3cret"}).status_code == 422
 
 
 def test_a_request_the_queue_can_never_hold_is_413(model_dir: Path) -> None:
