@@ -28,7 +28,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -105,6 +105,12 @@ class TranslateRequest(BaseModel):
     )
     return_scores: bool = Field(False, description="add each text's mean normalised log-probability")
 
+    @field_validator("format", mode="before")
+    @classmethod
+    def _format_given(cls, value: object) -> object:
+        """null or "" is the default, as LibreTranslate takes them (a form's empty field is dropped before)."""
+        return "text" if value is None or value == "" else value
+
 
 class DetectedLanguage(BaseModel):
     language: str
@@ -122,7 +128,7 @@ class Usage(BaseModel):
 class TranslateResponse(BaseModel):
     translatedText: str | list[str]  # noqa: N815 - LibreTranslate's name
     alternatives: list[str] | list[list[str]]
-    detectedLanguage: DetectedLanguage | None = None  # noqa: N815
+    detectedLanguage: DetectedLanguage | list[DetectedLanguage] | None = None  # noqa: N815 - a list for a list q
     scores: float | list[float] | None = None
     usage: Usage
 
@@ -628,10 +634,11 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
 def translate_response(body: TranslateRequest, result: Translation, source: str, model: str) -> TranslateResponse:
     """The answer: one value per field for a string `q`, a list for a list."""
     single = isinstance(body.q, str)
+    detected = DetectedLanguage(language=source, confidence=100.0) if body.source == "auto" else None
     return TranslateResponse(
         translatedText=result.texts[0] if single else result.texts,
         alternatives=result.alternatives[0] if single else result.alternatives,
-        detectedLanguage=DetectedLanguage(language=source, confidence=100.0) if body.source == "auto" else None,
+        detectedLanguage=detected if single or detected is None else [detected] * len(result.texts),
         scores=(result.scores[0] if single else result.scores) if body.return_scores else None,
         usage=Usage(
             input_tokens=result.input_tokens,

@@ -82,6 +82,18 @@ def test_form_encoded_body_and_auto_source(client: TestClient, model_dir: Path) 
     assert response.status_code == 200, response.text
     assert response.json()["translatedText"] == solo(model_dir, "Open the file.")
     assert response.json()["detectedLanguage"] == {"language": "en", "confidence": 100.0}
+    # a list q: one detected language a text, as LibreTranslate answers (Mastodon's client reads it so)
+    texts = {"q": ["Open the file.", "Delete %d items?"], "source": "auto", "target": "fr"}
+    listed = client.post("/translate", json=texts).json()
+    assert listed["detectedLanguage"] == [{"language": "en", "confidence": 100.0}] * 2
+
+
+@pytest.mark.parametrize("given", [None, ""])
+def test_a_format_of_null_or_empty_is_text(client: TestClient, model_dir: Path, given: str | None) -> None:
+    """LibreTranslate takes a missing, null or empty format as text."""
+    response = client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr", "format": given})
+    assert response.status_code == 200, response.text
+    assert response.json()["translatedText"] == solo(model_dir, "Open the file.")
 
 
 def test_paragraphs_and_sentences_are_kept_in_order(client: TestClient, model_dir: Path) -> None:
