@@ -28,11 +28,13 @@ CLOSERS = "\"'”’»›)]}"  # may follow the terminal punctuation: `done.")`
 OPENERS = "\"'“‘„«‹([{¿¡"  # may precede the first letter of a sentence: `"Yes`
 _ABBREVIATED = """
     Mr Mrs Ms Mx Dr Prof Sr Jr St Mt Rev Hon Gen Col Capt Lt Sgt Gov Sen Rep Pres Fr Mme Mlle Messrs
-    vs etc al cf ca approx esp incl excl resp viz No Nos Nr Fig Figs fig figs Vol vol Vols pp Ch Sec Art Eq
+    vs etc al cf ca approx esp incl excl resp viz Fig Figs fig figs Vol vol Vols pp Ch Sec Art Eq
     Ref Dept Inc Ltd Co Corp Bros Ave Blvd Rd Jan Feb Mar Apr Jun Jul Aug Sep Sept Oct Nov Dec
     bzw usw vgl ggf Hr Hrn Abs Bd Mio Mrd
 """
 ABBREVIATIONS = frozenset(_ABBREVIATED.split())  # words a period follows without ending the sentence, as written
+# abbreviations only before a number: "see no. 5", "ext. 42", but "Are you sure? No. Cancel it."
+BEFORE_NUMBER = frozenset(["No", "Nos", "Nr", "no", "nos", "nr", "Ext", "ext", "Tel", "tel"])
 
 _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")  # str.splitlines' line breaks
 # Unicode's format characters (category Cf: soft hyphen, bidi marks, word joiner, ...) but the zero-width
@@ -171,12 +173,36 @@ def limit_sentence(sentence: str, count: Count, limit: int) -> list[str]:
 
 
 def _sentence_spans(text: str, hard_lines: bool) -> Iterator[tuple[int, int]]:
-    """(start, end) of each sentence, without surrounding whitespace; with hard_lines never across a line."""
-    if not hard_lines:
-        yield from _spans_in(text, 0, len(text))
-        return
-    for line in _LINE.finditer(text):
-        yield from _spans_in(text, line.start(), line.end())
+    """(start, end) of each sentence, without surrounding whitespace or marks (`_words_of`); with hard_lines never
+    across a line."""
+    lines = [(0, len(text))] if not hard_lines else [line.span() for line in _LINE.finditer(text)]
+    for pos, endpos in lines:
+        for start, end in _spans_in(text, pos, endpos):
+            words = _words_of(text, start, end)
+            if words is not None:
+                yield words
+
+
+def _words_of(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """The span of text[start:end] the model is given: without the leading tokens that hold no letter or digit
+    (list bullets, "##", "|", "<<", "⚠️") and the trailing ones made of symbols alone ("🙂", "✓", "€", "|"), which
+    stay as written; None when no letter is left ("•", "10:00", "★★★★☆", "??"): kept as written, as the
+    model, trained on sentences with letters, turned such text into words ("•" -> "gramme")."""
+    tokens = [token.span() for token in _TOKEN.finditer(text, start, end)]
+    first, last = 0, len(tokens)
+    while first < last and not any(c.isalnum() for c in text[slice(*tokens[first])]):
+        first += 1
+    while first < last and all(_is_symbol(c) for c in text[slice(*tokens[last - 1])]):
+        last -= 1
+    if not any(c.isalpha() for a, b in tokens[first:last] for c in text[a:b]):
+        return None
+    return tokens[first][0], tokens[last - 1][1]
+
+
+def _is_symbol(char: str) -> bool:
+    """A symbol (math, currency, modifier, other: emoji), or what joins one (a combining mark, a variation
+    selector, the zero-width joiner)."""
+    return unicodedata.category(char)[0] in "SM" or char == "\u200d"
 
 
 def _spans_in(text: str, pos: int, endpos: int) -> Iterator[tuple[int, int]]:
@@ -184,7 +210,11 @@ def _spans_in(text: str, pos: int, endpos: int) -> Iterator[tuple[int, int]]:
     for token in _TOKEN.finditer(text, pos, endpos):
         if first is None:
             first = token
-        elif last is not None and _ends_sentence(last.group(), first is last) and _starts_sentence(token.group()):
+        elif (
+            last is not None
+            and _ends_sentence(last.group(), first is last, token.group())
+            and _starts_sentence(token.group())
+        ):
             yield first.start(), last.end()
             first = token
         last = token
@@ -192,8 +222,9 @@ def _spans_in(text: str, pos: int, endpos: int) -> Iterator[tuple[int, int]]:
         yield first.start(), last.end()
 
 
-def _ends_sentence(token: str, alone: bool) -> bool:
-    """Whether a sentence may end with this whitespace-free token (`alone`: it would be the whole sentence)."""
+def _ends_sentence(token: str, alone: bool, following: str) -> bool:
+    """Whether a sentence may end with this whitespace-free token (`alone`: it would be the whole sentence) before
+    the token `following`."""
     core = token.rstrip(CLOSERS)
     if not core or core[-1] not in TERMINALS:
         return False
@@ -203,7 +234,8 @@ def _ends_sentence(token: str, alone: bool) -> bool:
     if alone and word.isdigit() and len(word) <= 3:  # "1. Open the file." is a numbered line
         return False
     initial = len(word) == 1 and word.isupper() and word != "I"  # "J. R. Tolkien", not "So did I."
-    return not (initial or word in ABBREVIATIONS or _DOTTED.fullmatch(word))
+    numbered = word in BEFORE_NUMBER and following[:1].isdigit()
+    return not (initial or numbered or word in ABBREVIATIONS or _DOTTED.fullmatch(word))
 
 
 def _starts_sentence(token: str) -> bool:
@@ -338,6 +370,8 @@ def _markup_end(markup: str, i: int) -> int | None:
     after = markup[i + 1 : i + 3]
     if markup.startswith("<!--", i):
         return _end_of(markup, "-->", i + 2)  # "<!-->" is a whole (empty) comment in a browser too
+    if markup.startswith("<![CDATA[", i):  # in SVG, MathML and XHTML; it may hold ">"
+        return _end_of(markup, "]]>", i + 9)
     if after[:1] in ("!", "?") or (after[:1] == "/" and not _is_tag_letter(after[1:])):
         return _end_of(markup, ">", i + 2)  # a doctype, a processing instruction, a bogus comment
     if _is_tag_letter(after[:1]) or after[:1] == "/":

@@ -102,10 +102,47 @@ def test_clean_never_raises_and_leaves_no_controls(text: str) -> None:
         ("1. Open the file. 2. Save it.", ["1. Open the file.", "2. Save it."]),
         ("Ende. Über alles. 東京. Мир.", ["Ende.", "Über alles.", "東京.", "Мир."]),
         ("a.b.c. A", ["a.b.c. A"]),
+        # No, Nos, Nr, ext, tel are abbreviations before a number only
+        ("See item no. 5 for details. Call ext. 42 now.", ["See item no. 5 for details.", "Call ext. 42 now."]),
+        ("Are you sure? No. Cancel the download.", ["Are you sure?", "No.", "Cancel the download."]),
     ],
 )
 def test_sentence_rules(text: str, sentences: list[str]) -> None:
     assert split_text(text).sentences == sentences
+
+
+@pytest.mark.parametrize(
+    ("text", "sentences", "separators"),
+    [
+        # without a letter: kept as written (the model, trained on sentences with letters, made words of them)
+        ("•", [], ["•"]),
+        ("10:00 ★★★★☆ ?? 1–10 § 3 € ≥ 5", [], ["10:00 ★★★★☆ ?? 1–10 § 3 € ≥ 5"]),
+        # leading tokens without a letter or digit, trailing symbols: kept as written, outside the sentence
+        ("## Advanced options", ["Advanced options"], ["## ", ""]),
+        ("| Name | Value |", ["Name | Value"], ["| ", " |"]),
+        ("<< Back", ["Back"], ["<< ", ""]),
+        ("⚠️ Warning: the disk is full.", ["Warning: the disk is full."], ["⚠️ ", ""]),
+        ("Open the file. 😀", ["Open the file."], ["", " 😀"]),
+        ("Save the file 👍🏽 Next", ["Save the file 👍🏽 Next"], ["", ""]),  # inside a sentence: the model's
+        ("It costs 5 €", ["It costs 5"], ["", " €"]),
+        ("- item one\n- item two", ["item one", "item two"], ["- ", "\n- ", ""]),
+        ("... and then he left.", ["and then he left."], ["... ", ""]),
+        # a first token with a letter or a digit, or a last one with punctuation, stays in the sentence
+        ("1. Open the file.", ["1. Open the file."], ["", ""]),
+        ('"Yes," he said.', ['"Yes," he said.'], ["", ""]),
+        ("Really ?!", ["Really ?!"], ["", ""]),
+    ],
+)
+def test_what_holds_no_words_stays_as_written(text: str, sentences: list[str], separators: list[str]) -> None:
+    doc = split_text(text)
+    assert (doc.sentences, doc.separators) == (sentences, separators)
+    assert rebuilt(doc) == text
+
+
+def test_html_cells_without_letters_stay_as_written() -> None:
+    doc = split_html("<td>•</td><td>»</td><li>★★★★☆</li><li>✓ Saved.</li>")
+    assert doc.sentences == ["Saved."]
+    assert doc.separators == ["<td>•</td><td>»</td><li>★★★★☆</li><li>✓ ", "</li>"]
 
 
 def test_lines_and_whitespace_are_kept_exactly() -> None:
@@ -192,6 +229,7 @@ def test_html_text_nodes_are_split_around_inline_tags_and_across_newlines() -> N
         "<!DOCTYPE html>",
         "<?xml version='1.0'?>",
         "<![CDATA[raw]]>",
+        "<svg><desc><![CDATA[Click > to open the menu.]]></desc></svg>",  # ends at "]]>", not at ">"
         '<img alt="Alt text. Not translated" src="a.png"/>',
         '<a href=\'x\' title="a > b" data-x="it\'s">',
     ],
@@ -215,7 +253,7 @@ def test_html_unmatched_code_close_is_ignored() -> None:
         ("Hello. <script>never closed. Text", ["Hello."]),
         ("Hello. <pre>never closed. Text", ["Hello."]),
         ("Hello. <!doctype", ["Hello."]),
-        ("a < b. C > d. 1 <2", ["a < b.", "C > d.", "1 <2"]),  # a "<" that starts no tag is text
+        ("a < b. C > d. 1 <2 ok", ["a < b.", "C > d.", "1 <2 ok"]),  # a "<" that starts no tag is text
         ("x <é> y", ["x <é> y"]),
         ("<!-->Text.", ["Text."]),
     ],
@@ -332,6 +370,7 @@ def test_split_text_identity(text: str) -> None:
     doc = split_text(text)
     assert rebuilt(doc) == text
     assert all(s and s == s.strip() and len(s.splitlines()) == 1 for s in doc.sentences)
+    assert all(any(c.isalpha() for c in s) for s in doc.sentences)
     assert doc.origins == list(range(len(doc.sentences)))
 
 
