@@ -123,6 +123,10 @@ class Usage(BaseModel):
     queue_seconds: float
     total_seconds: float
     model: str
+    truncated_sentences: int = Field(
+        description="sentences whose translation stopped at the length cap (max_length or the server's) before "
+        "the model ended it: a raised max_length may finish them"
+    )
 
 
 class TranslateResponse(BaseModel):
@@ -646,6 +650,7 @@ def translate_response(body: TranslateRequest, result: Translation, source: str,
             queue_seconds=round(result.queue_seconds, 4),
             total_seconds=round(result.seconds, 4),
             model=model,
+            truncated_sentences=result.truncated_sentences,
         ),
     )
 

@@ -27,6 +27,11 @@ class TokenRules:
     pad_id: int
 
 
+def ends(hypothesis: Hypothesis, rules: TokenRules) -> bool:
+    """Whether the model ended this translation (its EOS), not the length cap."""
+    return hypothesis.tokens[-1:] == (rules.eos_id,)
+
+
 def source_mask(sources: list[list[int]]) -> np.ndarray:
     """(b, S) bool: each id list's positions of the right-padded batch (`pad_batch`) that are real."""
     lengths = np.array([len(s) for s in sources])  # (b,)

@@ -97,6 +97,13 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.truncated = Counter(
+            "mt_truncated_sentences_total",
+            "Sentences whose translation stopped at its length cap (max_length, MT_MAX_OUTPUT_TOKENS, "
+            "MT_MAX_OUTPUT_RATIO) before the model ended it.",
+            ["model"],
+            registry=r,
+        )
         self.rejected = Counter(
             "mt_rejected_requests_total",
             "Requests refused before any work: queue_full, too_many_requests, too_large, not_ready, shutting_down.",

@@ -38,6 +38,7 @@ from service.engine import (
     advance_all,
     candidates_needed,
     decode_batch,
+    ends,
     greedy_rows,
     last_tokens,
     log_softmax_needed,
@@ -691,6 +692,8 @@ class Scheduler:
         self.metrics.decoding.labels(self.model).observe(self.clock() - running.job.joined_at)
         self.metrics.sentences.labels(self.model).inc()
         self.metrics.generated_tokens.labels(self.model).inc(len(results[0].tokens))
+        if not ends(results[0], self.rules):
+            self.metrics.truncated.labels(self.model).inc()
         if not running.job.ticket.abandoned:
             running.job.ticket.deliver(running.job.index, results)
 

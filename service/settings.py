@@ -157,7 +157,7 @@ class Settings(BaseSettings):
     default_beam_size: int = Field(1, ge=1, le=16)
     max_beam_size: int = Field(8, ge=1, le=16)
     default_length_penalty: float = Field(1.0, ge=0.0, le=5.0, description="as a request's length_penalty: 0 to 5")
-    max_output_tokens: int = Field(256, ge=1, description="absolute cap on generated tokens per sentence")
+    max_output_tokens: int = Field(512, ge=1, description="absolute cap on generated tokens per sentence")
     max_output_ratio: float = Field(2.0, gt=0, description="relative cap: ratio x source tokens + 10")
     max_sentence_tokens: int = Field(200, ge=8, description="longer sentences are split at punctuation/spaces")
     max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413 above)")

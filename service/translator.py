@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from service import text
 from service.decoding import Hypothesis, SearchOptions
-from service.engine import TokenRules
+from service.engine import TokenRules, ends
 from service.engine_process import EngineProcess
 from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, TooLarge
 from service.metrics import Metrics
@@ -62,6 +62,7 @@ class Translation:
     output_tokens: int
     queue_seconds: float
     seconds: float
+    truncated_sentences: int = 0  # sentences whose best translation stopped at the length cap, without EOS
 
 
 @dataclass
@@ -170,6 +171,7 @@ class Translator:
             output_tokens=sum(len(h[0].tokens) for h in hypotheses),
             queue_seconds=ticket.queue_seconds,
             seconds=time.monotonic() - started,
+            truncated_sentences=sum(not ends(h[0], self.rules) for h in hypotheses),
         )
 
     async def _run(self, prepared: Prepared, options: TranslateOptions, started: float) -> Ticket:

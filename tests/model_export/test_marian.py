@@ -237,7 +237,9 @@ def hf_translate(model: transformers.MarianMTModel, tokenizer: transformers.Mari
     """transformers' greedy translations, each sentence cut at the server's default cap (MT_MAX_OUTPUT_TOKENS,
     MT_MAX_OUTPUT_RATIO): greedy ids do not depend on the cap, so one batch run to the largest cap gives them all."""
     batch = dict(tokenizer(texts, return_tensors="pt", padding=True))
-    caps = [min(256, int(2.0 * n) + 10) for n in batch["attention_mask"].sum(1).tolist()]
+    default = Settings()
+    lengths = batch["attention_mask"].sum(1).tolist()
+    caps = [min(default.max_output_tokens, int(default.max_output_ratio * n) + 10) for n in lengths]
     rows = hf_generate(model, batch, 1, max(caps) + 1, 1.0)
     return [tokenizer.decode(row[:cap], skip_special_tokens=True) for row, cap in zip(rows, caps, strict=True)]
 

@@ -31,11 +31,17 @@ def client(model_dir: Path) -> Iterator[TestClient]:
 def solo(model_dir: Path, text: str, beam_size: int = 1) -> str:
     """The sentence translated alone, outside the server: tokenizer + the plain decoding loop."""
     folder = load_model_folder(model_dir)
+    return Tokenizer.from_folder(folder).decode(solo_ids(model_dir, text, beam_size))
+
+
+def solo_ids(model_dir: Path, text: str, beam_size: int = 1, max_length: int = 256) -> tuple[int, ...]:
+    """The ids of solo's translation, EOS included when the model ended it within the caps."""
+    folder = load_model_folder(model_dir)
     tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
     src = tokenizer.encode(text, "fr")
-    options = SearchOptions(beam_size=beam_size, max_new_tokens=min(256, int(2.0 * len(src)) + 10))
+    options = SearchOptions(beam_size=beam_size, max_new_tokens=min(max_length, int(2.0 * len(src)) + 10))
     hyps = decode_batch(OnnxRuntime(folder), [src], [options], TokenRules(ids.decoder_start, ids.eos, ids.pad))
-    return tokenizer.decode(hyps[0][0].tokens)
+    return hyps[0][0].tokens
 
 
 def test_translate_a_string(client: TestClient, model_dir: Path) -> None:
@@ -75,6 +81,21 @@ def test_a_greedy_translation_is_scored_only_when_asked(client: TestClient, mode
     rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
     expected = decode_batch(OnnxRuntime(folder), [src], [options], rules)[0][0].score
     assert scored["scores"] < 0 and abs(scored["scores"] - expected) < 1e-4
+
+
+def test_sentences_a_length_cap_stopped_are_counted(model_dir: Path) -> None:
+    """usage.truncated_sentences and mt_truncated_sentences_total: the sentences whose translation has no EOS."""
+    texts = ["Open the file.", "Hi. Go.", "No."]  # the tiny model ends "Hi.", "Go." and "No." in 8-20 tokens
+    sentences = ["Open the file.", "Hi.", "Go.", "No."]
+    eos = load_model_folder(model_dir).manifest.special_ids.eos
+    expected = {n: sum(solo_ids(model_dir, s, max_length=n)[-1] != eos for s in sentences) for n in (1, 2, 256)}
+    assert expected[1] == 4 and expected[256] == 1  # every one stopped at 1 token, the first alone at 256
+    with TestClient(create_app(settings_for(model_dir))) as c:
+        for max_length, truncated in expected.items():
+            body = {"q": texts, "source": "en", "target": "fr", "max_length": max_length}
+            assert c.post("/translate", json=body).json()["usage"]["truncated_sentences"] == truncated, max_length
+        metric = 'mt_truncated_sentences_total{model="tiny-en-fr"}'
+        assert f"{metric} {float(sum(expected.values()))}" in c.get("/metrics").text
 
 
 def test_form_encoded_body_and_auto_source(client: TestClient, model_dir: Path) -> None:
@@ -164,7 +185,7 @@ def test_languages_models_health_ready_metrics(client: TestClient) -> None:
         ({"q": "x", "source": "en", "target": "de"}, 400, "language pair en->de is not supported; available: en->fr"),
         ({"q": "x", "source": "de", "target": "fr"}, 400, "language pair de->fr is not supported"),
         ({"q": "x", "source": "en", "target": "fr", "beam_size": 9}, 400, "beam_size and alternatives \\+ 1 may be"),
-        ({"q": "x", "source": "en", "target": "fr", "max_length": 100000}, 400, "max_length may be at most 256"),
+        ({"q": "x", "source": "en", "target": "fr", "max_length": 100000}, 400, "max_length may be at most 512"),
         ({"q": "x", "source": "en", "target": "fr", "model": "nope"}, 404, "no model named 'nope'; loaded: tiny-en-fr"),
         ({"q": "x", "source": "en"}, 422, "invalid request: target: Field required"),
         ({"q": 5, "source": "en", "target": "fr"}, 422, "invalid request: q"),
