@@ -5,8 +5,10 @@ period), then the process exits 0; a second one stops at once."""
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import logging
+import os
 import signal
 import sys
 import time
@@ -18,7 +20,7 @@ from service.api import RequestIdFilter, State, create_app
 from service.arguments import port
 from service.errors import ServiceError
 from service.metrics import Metrics
-from service.settings import Settings
+from service.settings import load_settings, warn_unknown_variables
 from service.translator import load_translators
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"
@@ -78,6 +80,14 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def os_error_line(error: OSError) -> str:
+    """`path: reason`, and for a refused read the user this process runs as (in the image, uid 10001)."""
+    line = f"{error.filename}: {error.strerror}" if error.filename is not None else str(error)
+    if error.errno == errno.EACCES and hasattr(os, "getuid"):
+        line += f" (this server runs as uid {os.getuid()}: the model folders must be readable by it)"
+    return line
+
+
 def settle_garbage_collector() -> None:
     """Once the models are loaded and the app built: everything alive now (modules, FastAPI's routes, pydantic's
     schemas, the tokenizers) leaves the cyclic collector's generations for good, and a young-object collection
@@ -95,13 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
     parser.add_argument("--port", type=port, default=8000, help="1-65535 (0: one the system picks)")
     args = parser.parse_args(argv)
-    settings = Settings()
-    configure_logging(settings.log_level)
-    metrics = Metrics()
-    try:  # load and check every model folder before listening: a broken folder stops the start here
+    log = logging.getLogger("service")
+    configure_logging("INFO")  # until the settings say otherwise: a bad one is logged as every start error is
+    try:  # the settings, then every model folder loaded and checked before listening: each error stops the start
+        settings = load_settings()
+        configure_logging(settings.log_level)
+        warn_unknown_variables(log)
+        metrics = Metrics()
         translators = load_translators(settings, metrics, pin=True)
-    except ServiceError as error:  # a broken model folder, or an engine process that could not start
-        logging.getLogger("service").error("cannot start: %s", error)
+    except ServiceError as error:  # a bad setting, a broken model folder, an engine process that could not start
+        log.error("cannot start: %s", error)
+        return 1
+    except OSError as error:  # a model file this process may not read (a mounted folder, another owner)
+        log.error("cannot start: %s", os_error_line(error))
         return 1
     app = create_app(settings, translators, metrics)
     settle_garbage_collector()
@@ -116,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         http="httptools",
         log_config=None,
         access_log=False,
-        limit_concurrency=settings.max_connections,
+        # uvicorn counts the connection asking among the open ones: N + 1 lets N connections in, not N - 1
+        limit_concurrency=settings.max_connections + 1,
         timeout_keep_alive=settings.keep_alive_seconds,
         timeout_graceful_shutdown=GRACEFUL_CLOSE_SECONDS,
     )

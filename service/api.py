@@ -221,8 +221,21 @@ class RequestContext:
             self.metrics.http_requests.labels(path, scope["method"], str(status[0])).inc()
             self.metrics.http_duration.labels(path).observe(elapsed)
             if self.access_log:
-                log.info("%s %s %d %.1fms", scope["method"], scope["path"], status[0], elapsed * 1000)
+                shown = scope["path"] if scope["path"] in self.paths else loggable(scope["path"])
+                log.info("%s %s %d %.1fms", scope["method"], shown, status[0], elapsed * 1000)
             request_id.reset(token)
+
+
+LOGGED_PATH_CHARS = 200
+
+
+def loggable(path: str) -> str:
+    """A path no route has, as the access log shows it: escaped (a decoded %0a would start a forged log line, a %1b
+    colour the terminal), at most LOGGED_PATH_CHARS of it."""
+    escaped = ascii(path)[1:-1]
+    if len(escaped) <= LOGGED_PATH_CHARS:
+        return escaped
+    return f"{escaped[:LOGGED_PATH_CHARS]}... ({len(path)} characters)"
 
 
 class RequestIdFilter(logging.Filter):

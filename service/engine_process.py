@@ -18,9 +18,9 @@ see `Wire` for what that saves.
                       ("error", key, kind, message, reason); ("stopped",)
 Deadlines are `time.monotonic()` values: one clock for every process of a machine. The engine's metric updates
 are recorded and replayed on the server's registry (before each result and every METRICS_SECONDS), so /metrics
-stays one registry. The engine process ignores SIGINT (Ctrl-C reaches the whole process group; the server drains
-first, then stops it) and exits when told to or when its pipe closes; SIGTERM ends it at once (under systemd, use
-KillMode=mixed so that only the server gets it). If it dies, its requests fail with 500, /health and /ready
+stays one registry. The engine process ignores SIGINT and SIGTERM, which reach the whole process group (Ctrl-C,
+systemd's default KillMode, `kill -- -PGID`): the server drains first, then stops it; it exits when told to or when
+its pipe closes (the server gone), and SIGKILL ends it. If it dies, its requests fail with 500, /health and /ready
 answer 503, and `python -m service` drains and exits with status 1, so that a supervisor restarts it.
 """
 
@@ -509,11 +509,12 @@ class Engine:
 def serve(engine: Engine, pipe: Connection) -> None:
     """The engine process's main: load, warm, report ready, then take messages until told to stop."""
     conn = Wire(pipe)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server drains it
+    for stop in (signal.SIGINT, signal.SIGTERM):  # sent to the whole process group: the server drains, then stops it
+        signal.signal(stop, signal.SIG_IGN)
     if engine.cores is not None:  # every thread but the streams' (which pin themselves) on the others' cores
         pin_process(engine.cores.others)
     level = engine.settings.log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [-] %(name)s: %(message)s")  # as the server's
     outbox = _Outbox(conn, MetricsRecorder())
     try:
         _serve(engine, conn, outbox)

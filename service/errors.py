@@ -1,6 +1,8 @@
 """The service's one exception tree; HTTP statuses are assigned to it in exactly one place (the API).
 
 ServiceError
+├── SettingsError        MT_* settings that cannot work (a value, or values that contradict each other, or a model's
+│                        needs): the start stops with its message
 ├── ModelFolderError     a model folder that cannot be served: the start stops with its message
 ├── RequestError         the client must change the request
 │   ├── InvalidRequest   400: unsupported language pair, option or format
@@ -19,6 +21,10 @@ from __future__ import annotations
 
 class ServiceError(Exception):
     """Base of every error the service raises on purpose."""
+
+
+class SettingsError(ServiceError):
+    """An MT_* setting the server cannot start with; the message names the variable."""
 
 
 class ModelFolderError(ServiceError):

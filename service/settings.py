@@ -4,17 +4,26 @@ variable (lists as JSON or comma-separated). Built once at start and passed into
 
 from __future__ import annotations
 
+import difflib
+import json
+import logging
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.errors import SettingsError
 from service.placement import CLAIMS, allowed_cores
 
 SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "models"
+PREFIX = "MT_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+A_DAY = 86_400.0  # the longest timeout taken: beyond it time arithmetic overflows (a time_t), and no request waits so
+# docker-compose.yml's own variables, which the compose file reads and the server never sees
+COMPOSE_VARIABLES = frozenset(["MT_PORT", "MT_BIND_ADDRESS", "MT_CPUS", "MT_MEMORY", "MT_IMAGE", "MT_IMAGE_CUDA"])
 
 
 def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
@@ -42,15 +51,13 @@ def _split_list(value: object) -> object:
     if isinstance(value, str):
         text = value.strip()
         if text.startswith("["):
-            import json
-
             return json.loads(text)
         return [item.strip() for item in text.split(",") if item.strip()]
     return value
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="MT_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", allow_inf_nan=False)
 
     # -- models --------------------------------------------------------------------------------
     models_dir: Path = Field(SHIPPED_MODELS, description="folder whose subfolders are model folders")
@@ -132,25 +139,26 @@ class Settings(BaseSettings):
     max_queue_wait_seconds: float = Field(
         10.0,
         ge=0,
+        le=A_DAY,
         description="expected wait in the queue (waiting sentences / measured throughput) beyond which requests "
         "get 503; 0: off, only max_queue_sentences bounds the queue",
     )
     max_concurrent_requests: int = Field(
         256, ge=1, description="/translate requests handled at once (reading, queued or running); beyond it 503"
     )
-    request_timeout_seconds: float = Field(30.0, gt=0, description="deadline of a request; 504 after it")
+    request_timeout_seconds: float = Field(30.0, gt=0, le=A_DAY, description="deadline of a request; 504 after it")
     retry_after_seconds: int = Field(1, ge=1, description="Retry-After sent with 503")
 
     # -- connections and shutdown --------------------------------------------------------------
     body_timeout_seconds: float = Field(
-        10.0, gt=0, description="time from a request's headers to the end of its body; 408 after it (slow clients)"
+        10.0, gt=0, le=A_DAY, description="time from a request's headers to the end of its body; 408 after it"
     )
     max_connections: int = Field(
         1024, ge=1, description="open connections and tasks beyond which uvicorn answers 503 (limit_concurrency)"
     )
     keep_alive_seconds: int = Field(5, ge=1, description="an idle keep-alive connection is closed after this")
     shutdown_grace_seconds: float = Field(
-        30.0, ge=0, description="after SIGTERM: time for requests in flight to finish before the process exits"
+        30.0, ge=0, le=A_DAY, description="after SIGTERM: time for requests in flight to finish before exiting"
     )
 
     # -- decoding defaults and limits ----------------------------------------------------------
@@ -158,7 +166,7 @@ class Settings(BaseSettings):
     max_beam_size: int = Field(8, ge=1, le=16)
     default_length_penalty: float = Field(1.0, ge=0.0, le=5.0, description="as a request's length_penalty: 0 to 5")
     max_output_tokens: int = Field(512, ge=1, description="absolute cap on generated tokens per sentence")
-    max_output_ratio: float = Field(2.0, gt=0, description="relative cap: ratio x source tokens + 10")
+    max_output_ratio: float = Field(2.0, gt=0, le=100, description="relative cap: ratio x source tokens + 10")
     max_sentence_tokens: int = Field(200, ge=8, description="longer sentences are split at punctuation/spaces")
     max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413 above)")
     max_request_items: int = Field(128, ge=1, description="strings in one request's q list (413 above)")
@@ -181,8 +189,56 @@ class Settings(BaseSettings):
 
     @field_validator("models", "providers", "api_keys", "metadata_api_keys", "cors_origins", mode="before")
     @classmethod
-    def _lists(cls, value: object) -> object:
-        return _split_list(value)
+    def _lists(cls, value: object, info: ValidationInfo) -> object:
+        """A list from its variable's text. Set, MT_PROVIDERS and the key lists hold something: an empty
+        MT_API_KEYS (a secret missing in a deployment) would turn the keys off without a word."""
+        items = _split_list(value)
+        if isinstance(value, str) and not items and info.field_name in ("providers", "api_keys", "metadata_api_keys"):
+            raise ValueError("is set but lists nothing; give at least one, or unset it for the default")
+        return items
+
+    @field_validator("models")
+    @classmethod
+    def _plain_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name in (".", "..") or "/" in name or "\\" in name:
+                raise ValueError(f"{name!r} is not a folder name in MT_MODELS_DIR; give subfolders' names")
+        if len(set(value)) < len(value):
+            raise ValueError("names a folder twice")
+        return value
+
+    @field_validator("models_dir", "pin_claims_dir", mode="before")
+    @classmethod
+    def _not_blank(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("is empty; give a folder, or unset it for the default")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        if value.upper() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)} (any case)")
+        return value.upper()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        """Values that contradict each other: a request that gives no beam size must be one the server serves."""
+        if self.default_beam_size > self.max_beam_size:
+            raise ValueError(
+                f"MT_DEFAULT_BEAM_SIZE ({self.default_beam_size}) is over MT_MAX_BEAM_SIZE ({self.max_beam_size}): "
+                "every request without a beam_size would be refused"
+            )
+        if self.default_beam_size > self.max_batch_rows:
+            raise ValueError(
+                f"MT_DEFAULT_BEAM_SIZE ({self.default_beam_size}) is over MT_MAX_BATCH_ROWS ({self.max_batch_rows}): "
+                "a sentence's beams must fit one decoder step"
+            )
+        return self
+
+    @classmethod
+    def variable(cls, field: str) -> str:
+        return f"{PREFIX}{field.upper()}"
 
     def ort_providers(self) -> tuple[str, ...]:
         names = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -196,3 +252,36 @@ class Settings(BaseSettings):
     def encoder_session_threads(self) -> int:
         """The encoder session's intra-op threads (0: as intra_op_threads): one when it runs beside the decoder."""
         return self.encoder_threads or (1 if self.overlap_encoder else 0)
+
+
+def load_settings() -> Settings:
+    """The settings from the environment; SettingsError naming each bad value's variable."""
+    try:
+        return Settings()
+    except ValidationError as error:
+        raise SettingsError("; ".join(_problem(e) for e in error.errors())) from None
+
+
+def _problem(error: dict) -> str:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not error["loc"]:  # a model validator's: it names its variables
+        return message
+    variable = Settings.variable(str(error["loc"][0]))
+    return f"{variable}={error['input']!r}: {message}" if isinstance(error["input"], str) else f"{variable}: {message}"
+
+
+def unknown_variables(environ: dict[str, str] | None = None) -> list[str]:
+    """MT_* variables that are no setting (a misspelt one is otherwise ignored without a word), each with the
+    setting it is closest to, if any: "MT_MAX_BEAMSIZE (did you mean MT_MAX_BEAM_SIZE?)"."""
+    known = {Settings.variable(name) for name in Settings.model_fields} | COMPOSE_VARIABLES
+    lines = []
+    for name in sorted(n for n in (os.environ if environ is None else environ) if n.startswith(PREFIX)):
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            lines.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return lines
+
+
+def warn_unknown_variables(log: logging.Logger) -> None:
+    for line in unknown_variables():
+        log.warning("%s is not a setting and is ignored (README, Configuration)", line)

@@ -19,12 +19,12 @@ from service import text
 from service.decoding import Hypothesis, SearchOptions
 from service.engine import TokenRules, ends
 from service.engine_process import EngineProcess
-from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, TooLarge
+from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, SettingsError, TooLarge
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, Architecture, ModelFolder, load_model_folder
 from service.placement import Cores, allowed_cores, claim, pin_process, plan
 from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
-from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, new_scheduler
+from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
 from service.settings import Settings, available_cores
 from service.tokenizer import Tokenizer
 
@@ -97,6 +97,7 @@ class Translator:
         most = step_candidates(folder, folder.variant(self.variant)).most  # candidates per row, at most
         self.max_beam = (most - 1) // 2  # beam k takes 2k + 1 (decoding.candidates)
         limits = batch_limits(settings)
+        self._check_longest_sentence_fits(limits)
         self.cores = cores  # where its decoding streams run, if pinned (service/placement.py)
         self.scheduler: Scheduler | Streams | EngineProcess
         if runtime is not None:
@@ -137,15 +138,36 @@ class Translator:
                 "send them in smaller requests"
             )
 
+    def output_cap(self, src_len: int, max_length: int | None = None) -> int:
+        """The most tokens a sentence of `src_len` tokens may generate: max_length, MT_MAX_OUTPUT_TOKENS (never
+        past the model's positions) and MT_MAX_OUTPUT_RATIO, whichever is least."""
+        cap = min(max_length or self.max_output_tokens, self.max_output_tokens)
+        return min(cap, int(self.settings.max_output_ratio * src_len) + 10)
+
+    def _check_longest_sentence_fits(self, limits: BatchLimits) -> None:
+        """SettingsError when the longest sentence the splitter lets through, with the default beam size and its
+        output cap, could never join a batch: every such request would get 413."""
+        longest, beam = self.max_source_tokens, self.settings.default_beam_size
+        search = SearchOptions(beam, self.output_cap(longest))
+        if not fits(limits, search, longest):
+            raise SettingsError(
+                f"MT_MAX_BATCH_TOKENS ({limits.max_tokens}) cannot hold model {self.name}'s longest sentence: "
+                f"{longest} tokens (MT_MAX_SENTENCE_TOKENS) and up to {search.max_new_tokens} generated, with "
+                f"MT_DEFAULT_BEAM_SIZE {beam}, need {beam * (longest + search.max_new_tokens)}; raise "
+                "MT_MAX_BATCH_TOKENS or lower MT_MAX_SENTENCE_TOKENS"
+            )
+
     def search_options(self, src_len: int, options: TranslateOptions) -> SearchOptions:
         """A sentence of `src_len` tokens: its search, capped as the settings say; errors for what cannot run."""
-        cap = min(options.max_length or self.max_output_tokens, self.max_output_tokens)
-        relative = int(self.settings.max_output_ratio * src_len) + 10
         beam = max(options.beam_size, options.alternatives + 1)
         if beam > self.max_beam:
             raise InvalidRequest(f"model {self.name} serves beam_size and alternatives + 1 up to {self.max_beam}")
         search = SearchOptions(
-            beam, min(cap, relative), options.length_penalty, options.alternatives + 1, scored=options.return_scores
+            beam,
+            self.output_cap(src_len, options.max_length),
+            options.length_penalty,
+            options.alternatives + 1,
+            scored=options.return_scores,
         )
         if not self.scheduler.fits(search, src_len):
             raise TooLarge(
@@ -288,7 +310,7 @@ def language_name(code: str) -> str:
 def model_folders(settings: Settings) -> list[Path]:
     root = settings.models_dir
     if not root.is_dir():
-        raise ModelFolderError(f"models_dir {root} is not a folder")
+        raise ModelFolderError(f"MT_MODELS_DIR {root} is not a folder")
     if settings.models:
         return [root / name for name in settings.models]
     found = sorted(p for p in root.iterdir() if (p / MANIFEST).is_file())
@@ -431,6 +453,7 @@ def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) ->
     process is the server's own (`python -m service`), whose threads may be pinned (service/placement.py)."""
     translators = []
     folders = [load_model_folder(path, settings.verify_checksums) for path in model_folders(settings)]
+    check_names(folders)
     placed = place(folders, settings) if pin else None
     for index, folder in enumerate(folders):
         path = folder.path
@@ -451,6 +474,20 @@ def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) ->
         )
         translators.append(translator)
     return translators
+
+
+def check_names(folders: list[ModelFolder]) -> None:
+    """Each loaded model has a name of its own: requests pick models by name (`model`, /v1/models), so of two
+    folders with one name, one could never be used."""
+    by_name: dict[str, list[str]] = {}
+    for folder in folders:
+        by_name.setdefault(folder.manifest.name, []).append(str(folder.path))
+    for name, paths in by_name.items():
+        if len(paths) > 1:
+            raise ModelFolderError(
+                f"{' and '.join(paths)} are both model {name!r} (their manifests' name): each loaded model needs a "
+                "name of its own; choose one with MT_MODELS, or rename the other in its manifest"
+            )
 
 
 def place(folders: list[ModelFolder], settings: Settings) -> list[Cores] | None:

@@ -57,6 +57,7 @@ def start_server(model_dir: Path, port: int, **env: str) -> subprocess.Popen[str
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # a process group of its own, which a test may signal as a whole
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -129,7 +130,10 @@ def slow_request_in_flight(url: str, texts: int) -> tuple[threading.Thread, dict
     return worker, answer
 
 
-def test_sigterm_drains_then_exits_0(model_dir: Path) -> None:
+@pytest.mark.parametrize("to", ["server", "group"])
+def test_sigterm_drains_then_exits_0(model_dir: Path, to: str) -> None:
+    """`group`: SIGTERM to the whole process group, as systemd's default KillMode, `timeout` or `kill -- -PGID` send
+    it: the engine process ignores it, and the server drains as before (the engine had died at once: a 500)."""
     port = free_port()
     # one beam-8 sentence at a time: the slow request below takes seconds, on any machine
     process = start_server(
@@ -139,7 +143,10 @@ def test_sigterm_drains_then_exits_0(model_dir: Path) -> None:
     try:
         wait_ready(url, process)
         worker, slow = slow_request_in_flight(url, 24)
-        process.send_signal(signal.SIGTERM)
+        if to == "group":
+            os.killpg(process.pid, signal.SIGTERM)
+        else:
+            process.send_signal(signal.SIGTERM)
         wait_for(lambda: httpx.get(f"{url}/ready").status_code == 503, 10, "readiness not false")
         assert httpx.get(f"{url}/ready").json() == {"error": "shutting down"}
         refused = httpx.post(f"{url}/translate", json=NORMAL)
@@ -586,6 +593,20 @@ def test_cors_allows_only_the_listed_origins(model_dir: Path) -> None:
         assert response.status_code == 200
         assert response.headers["access-control-allow-origin"] == "https://app.example"
         assert "x-request-id" in response.headers["access-control-expose-headers"].lower()
+
+
+def test_a_path_cannot_forge_access_log_lines(client: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+    """The path is decoded before the log sees it: %0a would start a line of the client's, %1b colour a terminal."""
+    caplog.set_level(logging.INFO)
+    forged = "/x%0a2026-12-01 19:00:00,000 CRITICAL [-] service: engine died%1b[31m"
+    assert client.get(forged).status_code == 404
+    assert client.get("/" + "y" * 5000).status_code == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == "service.api"]
+    assert "GET /x\\n2026-12-01 19:00:00,000 CRITICAL [-] service: engine died\\x1b[31m 404" in "\n".join(lines)
+    assert not any("\n" in line or "\x1b" in line for line in lines)
+    assert any(line.startswith("GET /" + "y" * 199 + "... (5001 characters) 404") for line in lines)
+    assert client.get("/health").status_code == 200
+    assert any(line.startswith("GET /health 200") for line in [r.getMessage() for r in caplog.records])
 
 
 @pytest.mark.parametrize("given", ["abc\x7fdef", "a b", "x" * 65, "ünïcode", "ok;rm -rf"])

@@ -97,6 +97,15 @@ def test_the_encoder_runs_on_one_thread_beside_continuous_decoder_steps(
     translator.scheduler.stop()
 
 
+@pytest.mark.parametrize(("threads", "mode"), [(1, "ORT_SEQUENTIAL"), (2, "ORT_PARALLEL")])
+def test_inter_op_threads_run_nodes_side_by_side(model_dir: Path, threads: int, mode: str) -> None:
+    """MT_INTER_OP_THREADS above 1 switches ONNX Runtime to parallel execution, the only mode that uses them."""
+    runtime = OnnxRuntime(load_model_folder(model_dir), settings=SessionSettings(inter_op_threads=threads))
+    for session in (runtime.encoder, runtime.decoder):
+        options = session.get_session_options()
+        assert (options.inter_op_num_threads, options.execution_mode.name) == (threads, mode)
+
+
 def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
