@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -193,6 +194,24 @@ def test_work_left_when_the_grace_period_ends_is_answered_503_before_the_exit(mo
     assert answered < 4, f"answered {answered:.1f} s after SIGTERM, for a 1 s grace period"
     assert "grace period of 1s over with 1 requests in flight" in output
     assert "Traceback" not in output and "Exception in ASGI application" not in output, output
+
+
+def test_max_connections_lets_that_many_in(model_dir: Path) -> None:
+    """MT_MAX_CONNECTIONS=2: two open keep-alive connections are served, a third is refused (uvicorn counts the
+    connection asking among the open ones: its limit of N had let N - 1 in)."""
+    def ask(conn: socket.socket) -> bytes:
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        return conn.recv(4096).split(b"\r\n", 1)[0]
+
+    with running_server(model_dir, MT_MAX_CONNECTIONS="2", MT_LOG_LEVEL="WARNING") as url:
+        port = int(url.rsplit(":", 1)[1])
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+        try:
+            answers = [ask(c) for c in conns]
+            assert answers == [b"HTTP/1.1 200 OK"] * 2 + [b"HTTP/1.1 503 Service Unavailable"]
+        finally:
+            for conn in conns:
+                conn.close()
 
 
 def test_a_client_that_disconnects_frees_its_rows(live: str) -> None:
