@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+REJECTION_REASONS = ("queue_full", "too_many_requests", "too_large", "not_ready", "shutting_down")
+TRANSLATE_STATUSES = ("200", "500", "503", "504")  # /translate's answers that alerts divide: present from the start
 
 
 class Metrics:
@@ -34,6 +36,12 @@ class Metrics:
             "mt_requests_in_flight", "Translation requests admitted and not yet answered.", registry=r
         )
         self.queue_depth = Gauge("mt_queue_depth", "Sentences waiting to join a batch.", ["model"], registry=r)
+        self.queue_capacity = Gauge(
+            "mt_queue_capacity_sentences",
+            "Sentences a model's queue holds before it refuses requests (MT_MAX_QUEUE_SENTENCES).",
+            ["model"],
+            registry=r,
+        )
         self.expected_queue_wait = Gauge(
             "mt_queue_expected_wait_seconds",
             "Waiting sentences / measured throughput: the wait a new request can expect (admission compares it "
@@ -129,3 +137,23 @@ class Metrics:
             "mt_model_info", "Loaded models (value 1).", ["model", "version", "variant", "provider"], registry=r
         )
         self.ready = Gauge("mt_ready", "1 when warmed up and admitting requests.", registry=r)
+        # every count an alert or a rate reads exists from the start, at 0: a series that first appears at 6 has no
+        # increase to Prometheus, so the first burst of errors after a start went unseen
+        for reason in REJECTION_REASONS:
+            self.rejected.labels(reason)
+        for status in TRANSLATE_STATUSES:
+            self.http_requests.labels("/translate", "POST", status)
+
+    def add_model(self, model: str, queue_capacity: int) -> None:
+        """A loaded model's series, its counts at 0 (see above) and its queue's capacity."""
+        for counter in (
+            self.sentences,
+            self.input_tokens,
+            self.generated_tokens,
+            self.truncated,
+            self.deadline_expired,
+            self.cancelled,
+            self.inference_errors,
+        ):
+            counter.labels(model)
+        self.queue_capacity.labels(model).set(queue_capacity)

@@ -99,6 +99,7 @@ class Translator:
         limits = batch_limits(settings)
         self._check_longest_sentence_fits(limits)
         self.cores = cores  # where its decoding streams run, if pinned (service/placement.py)
+        metrics.add_model(self.name, settings.max_queue_sentences)
         self.scheduler: Scheduler | Streams | EngineProcess
         if runtime is not None:
             streams = decoder_streams(manifest.config, settings)

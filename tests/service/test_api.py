@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.api import create_app
 from service.decoding import SearchOptions
@@ -177,6 +178,25 @@ def test_languages_models_health_ready_metrics(client: TestClient) -> None:
         in metrics
     )
     assert "mt_decoder_step_duration_seconds_bucket" in metrics and "mt_ready 1.0" in metrics
+
+
+def test_the_counts_alerts_read_are_there_at_0_from_the_start(model_dir: Path) -> None:
+    """A series that first appears at 6 has no increase to Prometheus: the first errors after a start went unseen.
+    The queue's capacity is exported, for an alert on how full it is."""
+    with TestClient(create_app(settings_for(model_dir, max_queue_sentences=100))) as c:
+        families = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
+
+    def value(family: str, **labels: str) -> float | None:
+        return next((s.value for s in families[family].samples if s.labels == labels), None)
+
+    model = "tiny-en-fr"
+    for reason in ("queue_full", "too_many_requests", "too_large", "not_ready", "shutting_down"):
+        assert value("mt_rejected_requests", reason=reason) == 0.0, reason
+    for status in ("500", "503", "504"):
+        assert value("mt_http_requests", route="/translate", method="POST", status=status) == 0.0, status
+    for counter in ("mt_deadline_expired", "mt_inference_errors", "mt_cancelled_requests", "mt_truncated_sentences"):
+        assert value(counter, model=model) == 0.0, counter
+    assert value("mt_queue_capacity_sentences", model=model) == 100.0
 
 
 @pytest.mark.parametrize(
