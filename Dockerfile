@@ -25,17 +25,18 @@ FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
-# the dependencies first, from pyproject.toml alone (a layer that stays cached while they do; the
-# readme it names is a placeholder until the real one comes with the sources) ...
+# the venv holds the dependencies alone, from pyproject.toml alone (the readme it names is a placeholder):
+# a layer that stays cached, and the same bytes in the image, while they do. The server's code is a layer
+# of its own (runtime stage), so that a change to it ships a few hundred KB, not the venv and the models
 COPY pyproject.toml ./
-RUN touch README.md && pip install .
-# ... then the server itself; the base install is the server's and must stay torch-free
-COPY README.md ./
+RUN touch README.md && pip install . && pip uninstall -y transformer-mt-server pip setuptools
+# the base install is the server's and must stay torch-free; its code compiled once, here (the image's
+# root is read-only, and PYTHONDONTWRITEBYTECODE is set: uncompiled, every start would compile it again).
+# Nothing here writes to the venv, so a change to the code leaves its layer as it was
 COPY service ./service
-RUN pip install --no-deps --force-reinstall . \
- && python -c "import service.api, onnxruntime, sentencepiece" \
+RUN PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/src python -c "import service.api, onnxruntime, sentencepiece" \
  && if python -c "import torch" 2>/dev/null; then echo "torch must not be in the server image" >&2; exit 1; fi \
- && pip uninstall -y pip setuptools
+ && python -m compileall -q --invalidation-mode unchecked-hash service
 
 # ---- CUDA variant (target "cuda"): not built by the tests (no registry to pull the base from) ----------
 FROM ${CUDA_IMAGE} AS cuda-base
@@ -87,12 +88,15 @@ CMD ["python", "-m", "service", "--host", "0.0.0.0", "--port", "8000"]
 FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --system --gid 10001 mt \
  && useradd --no-log-init --system --uid 10001 --gid mt --no-create-home --shell /usr/sbin/nologin mt
+# the layers from the least often changed: the dependencies, the models, the server's code
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=models /models /models
+COPY --from=builder /src/service /opt/app/service
 # MT_* settings are the server's (README, Configuration). The user has no home: HOME is /tmp (a tmpfs
 # under docker-compose.yml), where onnxruntime keeps its telemetry device id; nothing else is written,
 # so the root filesystem may be read-only.
 ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONPATH=/opt/app \
     HOME=/tmp \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
