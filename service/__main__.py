@@ -1,6 +1,7 @@
 """`python -m service` (or `mt-server`): the translation server under uvicorn, one worker process. The first
 SIGTERM or SIGINT drains (readiness false, new translations 503, work in flight finishes within the grace
-period), then the process exits 0; a second one stops at once."""
+period), then the process exits 0; a second one ends the grace period at once (what is still running is answered
+503), a third stops uvicorn without waiting for its connections to close."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.state, self.grace = state, grace
         self.drain_requested_at: float | None = None
+        self.cut_short = False  # a second stop signal: the grace period is over
         self.failed = False
         state.on_fatal = self.fail
 
@@ -63,17 +65,22 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_requested_at is None:  # inside a signal handler: only note it, on_tick does the work
             self.drain_requested_at = time.monotonic()
-        else:  # a second signal: stop now
+        elif not self.should_exit:  # a second signal: the grace period ends now, work left is answered 503
+            self.cut_short = True
+        else:  # a third: uvicorn stops without waiting for connections to close
             super().handle_exit(sig, frame)
 
     async def on_tick(self, counter: int) -> bool:
         if self.drain_requested_at is not None and not self.should_exit:
             self.state.begin_drain()
             waited = time.monotonic() - self.drain_requested_at
-            if self.state.handling == 0 or waited >= self.grace:
+            if self.state.handling == 0 or waited >= self.grace or self.cut_short:
                 if self.state.handling:
                     logging.getLogger("service").warning(
-                        "grace period of %gs over with %d requests in flight", self.grace, self.state.handling
+                        "grace period of %gs %s with %d requests in flight",
+                        self.grace,
+                        "cut short by a second stop signal" if self.cut_short else "over",
+                        self.state.handling,
                     )
                     await self.state.stop_engines()  # their answers (503) go out before the connections close
                 self.should_exit = True

@@ -167,13 +167,16 @@ def test_sigterm_drains_then_exits_0(model_dir: Path, to: str) -> None:
     assert "(event loop: uvloop)" in output or sys.platform == "win32"  # a pinned dependency (Performance)
 
 
-def test_work_left_when_the_grace_period_ends_is_answered_503_before_the_exit(model_dir: Path) -> None:
-    """SIGTERM with a 1 s grace period and a request of seconds in flight: at the period's end that request gets a
-    JSON 503 (shutting_down, with Retry-After) on its open connection, and the process exits 0 soon after; before,
-    uvicorn's shutdown cancelled it 5 s later (a plain-text 500 and an ASGI traceback)."""
+@pytest.mark.parametrize("end", ["grace period", "second signal"])
+def test_work_left_when_the_grace_period_ends_is_answered_503_before_the_exit(model_dir: Path, end: str) -> None:
+    """SIGTERM with a 1 s grace period (or a 120 s one and a second SIGTERM 0.5 s later) and a request of seconds in
+    flight: at the period's end that request gets a JSON 503 (shutting_down, with Retry-After) on its open
+    connection, and the process exits 0 soon after; before, uvicorn's shutdown cancelled it 5 s later (a plain-text
+    500 and an ASGI traceback)."""
     port = free_port()
+    grace = "1" if end == "grace period" else "120"
     process = start_server(
-        model_dir, port, MT_MAX_BATCH_ROWS="8", MT_SHUTDOWN_GRACE_SECONDS="1", MT_REQUEST_TIMEOUT_SECONDS="120"
+        model_dir, port, MT_MAX_BATCH_ROWS="8", MT_SHUTDOWN_GRACE_SECONDS=grace, MT_REQUEST_TIMEOUT_SECONDS="120"
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -181,6 +184,9 @@ def test_work_left_when_the_grace_period_ends_is_answered_503_before_the_exit(mo
         worker, slow = slow_request_in_flight(url, 128)  # 512 sentences: long
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
+        if end == "second signal":
+            time.sleep(0.5)
+            process.send_signal(signal.SIGTERM)
         worker.join(timeout=30)
         answered = time.monotonic() - signalled
         assert process.wait(timeout=30) == 0
@@ -191,8 +197,9 @@ def test_work_left_when_the_grace_period_ends_is_answered_503_before_the_exit(mo
     assert slow["r"].status_code == 503, slow["r"].text
     assert slow["r"].json() == {"error": "the server stopped before this request finished"}
     assert slow["r"].headers["retry-after"] == "1"
-    assert answered < 4, f"answered {answered:.1f} s after SIGTERM, for a 1 s grace period"
-    assert "grace period of 1s over with 1 requests in flight" in output
+    assert answered < 4, f"answered {answered:.1f} s after SIGTERM, for a 1 s grace period or a second signal"
+    over = "over" if end == "grace period" else "cut short by a second stop signal"
+    assert f"grace period of {grace}s {over} with 1 requests in flight" in output
     assert "Traceback" not in output and "Exception in ASGI application" not in output, output
 
 
