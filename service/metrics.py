@@ -51,7 +51,8 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "mt_queue_wait_seconds",
-            "Time a sentence waited before its encoder pass.",
+            "Time from a sentence's arrival to its admission to a batch. With one decoding stream and a short queue its "
+            "encoder pass starts at arrival (an early pass) and runs within this wait.",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -59,7 +60,7 @@ class Metrics:
         self.join_wait = Histogram(
             "mt_join_wait_seconds",
             "Time from a sentence's admission to its first decoder step: the wait for the encoder thread, its encoder "
-            "pass, and the wait for the step in progress.",
+            "pass unless an early one had finished, and the wait for the step in progress.",
             ["model"],
             buckets=STEP_BUCKETS,
             registry=r,
