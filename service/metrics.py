@@ -51,8 +51,8 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "mt_queue_wait_seconds",
-            "Time from a sentence's arrival to its admission to a batch. With one decoding stream and a short queue its "
-            "encoder pass starts at arrival (an early pass) and runs within this wait.",
+            "Time from a sentence's arrival to its admission to a batch. With one decoding stream and a short queue "
+            "its encoder pass starts at arrival (an early pass) and runs within this wait.",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,

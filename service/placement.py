@@ -109,7 +109,11 @@ def _lock(path: Path) -> int | None:
             path.parent.chmod(0o1777)  # every user's servers claim cores in it, like /tmp
         descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)  # read-only: any user can lock it
     except OSError as error:
-        log.info("cannot claim a core with %s (%s): counted as taken", path, error)
+        log.warning(
+            "cannot claim a core with %s (%s): counted as taken, not as another server's; check MT_PIN_CLAIMS_DIR",
+            path,
+            error.strerror or error,
+        )
         return None
     import fcntl  # POSIX only: nothing is pinned elsewhere
 

@@ -122,6 +122,12 @@ class Runtime(Protocol):
         ...
 
 
+@functools.cache
+def _warn_missing(provider: str) -> None:
+    """Once a process, not once a session (a model opens four)."""
+    log.warning("execution provider %s is not available in this onnxruntime build; skipping it", provider)
+
+
 def usable_providers(requested: tuple[str, ...]) -> list[str]:
     """The requested providers this onnxruntime build has, CPU last as the fallback."""
     import onnxruntime as ort  # here, not at the top: see the module docstring
@@ -129,7 +135,7 @@ def usable_providers(requested: tuple[str, ...]) -> list[str]:
     available = set(ort.get_available_providers())
     chosen = [p for p in requested if p in available]
     for missing in (p for p in requested if p not in available):
-        log.warning("execution provider %s is not available in this onnxruntime build; skipping it", missing)
+        _warn_missing(missing)
     if "CPUExecutionProvider" not in chosen:
         chosen.append("CPUExecutionProvider")
     return chosen

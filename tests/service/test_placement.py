@@ -145,3 +145,14 @@ def test_a_refused_pin_is_a_warning_and_the_stream_still_serves(caplog: pytest.L
         runtime = _run(1, cores)
     assert runtime.where["step"] == runtime.where["encode"] == {allowed_cores()}
     assert "could not pin a thread" in caplog.text
+
+
+def test_a_claims_folder_that_cannot_be_used_is_a_warning_naming_the_setting(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The core counts as taken (safe), and the log says why: not another server, MT_PIN_CLAIMS_DIR."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    assert claim([0], not_a_folder) == frozenset({0})
+    [record] = [r for r in caplog.records if "cannot claim a core" in r.getMessage()]
+    assert record.levelname == "WARNING" and "check MT_PIN_CLAIMS_DIR" in record.getMessage()

@@ -24,6 +24,7 @@ from service.runtime import (
     OnnxRuntime,
     SessionSettings,
     StepBinding,
+    _warn_missing,
     gpu_array_module,
     usable_providers,
 )
@@ -785,3 +786,13 @@ def test_outputs_are_capped_at_the_positions_the_model_has(model_dir: Path) -> N
     assert len(best.tokens) == positions  # every position used, none past them
     with pytest.raises(Exception, match="out of data bounds|indices"):  # one more: what the cap prevents
         decode_batch(runtime, [[5, 6, ids.eos]], [replace(longest, max_new_tokens=positions + 1)], rules)
+
+
+def test_a_missing_provider_is_warned_about_once_a_process(caplog: pytest.LogCaptureFixture) -> None:
+    """A model opens four sessions: the warning came four times."""
+    if "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers():
+        pytest.skip("this onnxruntime has CUDA")
+    _warn_missing.cache_clear()
+    for _ in range(4):
+        assert usable_providers(("CUDAExecutionProvider", "CPUExecutionProvider")) == ["CPUExecutionProvider"]
+    assert caplog.text.count("execution provider CUDAExecutionProvider is not available") == 1
