@@ -148,7 +148,7 @@ class EngineProcess:
         except (EOFError, OSError):
             self._process.join(5)
             raise ServiceError(
-                f"the engine process of model {self.model} exited while loading (exit code {self._process.exitcode})"
+                f"the engine process of model {self.model} exited while loading ({exit_reason(self._process.exitcode)})"
             ) from None
         if message[0] == "failed":
             self._process.join(5)
@@ -320,7 +320,7 @@ class EngineProcess:
         self._ended.set()
         if not self._stopping:
             self._process.join(0.2)  # for its exit code, which it has by now when it crashed
-            log.critical("the engine process of model %s exited (exit code %s)", self.model, self._process.exitcode)
+            log.critical("the engine process of model %s exited (%s)", self.model, exit_reason(self._process.exitcode))
             self._fail_all(InferenceError(f"the engine process of model {self.model} exited"))
             if self.on_exit is not None:
                 self.on_exit()
@@ -603,3 +603,13 @@ def _finished(outbox: _Outbox, tickets: dict[int, Ticket], key: int, ticket: Tic
 def _flush_metrics(outbox: _Outbox, stopped: threading.Event) -> None:
     while not stopped.wait(METRICS_SECONDS):
         outbox.send(None)
+
+
+def exit_reason(code: int | None) -> str:
+    """An engine process's exit as the log says it: a SIGKILL nobody sent is most often the kernel's out-of-memory
+    killer (a container's memory limit), which leaves no other trace in the server's log."""
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+    hint = ": out of memory? (a container's memory limit, the kernel's OOM killer)" if -code == signal.SIGKILL else ""
+    return f"killed by {name}{hint}"
