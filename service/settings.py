@@ -170,6 +170,11 @@ class Settings(BaseSettings):
     max_output_tokens: int = Field(512, ge=1, description="absolute cap on generated tokens per sentence")
     max_output_ratio: float = Field(2.0, gt=0, le=100, description="relative cap: ratio x source tokens + 10")
     max_sentence_tokens: int = Field(200, ge=8, description="longer sentences are split at punctuation/spaces")
+    mask_symbols: bool = Field(
+        True,
+        description="inside a sentence, each run of symbols (emoji, €, °) or of characters the model's vocabulary "
+        "lacks goes to the model as a placeholder {0}, {1}, ..., put back in its translation (service/placeholders.py)",
+    )
     max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413 above)")
     max_request_items: int = Field(128, ge=1, description="strings in one request's q list (413 above)")
     max_request_sentences: int = Field(512, ge=1, description="sentences in one request after splitting (413)")

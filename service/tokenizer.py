@@ -33,6 +33,7 @@ class Tokenizer:
     target_token_ids: dict[str, int] = field(default_factory=dict)  # language -> id prefixed to the source
     vocabulary: dict[str, int] | None = None  # piece -> model id; None: the SentencePiece ids are the model's
     pieces: dict[int, str] = field(default_factory=dict)  # model id -> piece, the vocabulary inverted
+    _readable: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)  # readable's answers
 
     @classmethod
     def from_folder(cls, folder: ModelFolder) -> Tokenizer:
@@ -73,6 +74,18 @@ class Tokenizer:
             return self.target.decode([i if 0 <= i < size else self.target.unk_id() for i in kept]).strip()
         unknown = self.pieces.get(self.special.unk, self.target.id_to_piece(self.target.unk_id()))
         return self._decode_pieces([self.pieces.get(i, unknown) for i in kept]).strip()
+
+    def readable(self, char: str) -> bool:
+        """Whether the model's source vocabulary has this character: SentencePiece encodes it without its unknown
+        piece or byte pieces (byte fallback), and a Marian vocabulary has each piece."""
+        known = self._readable.get(char)
+        if known is None:
+            ids = self.source.encode(char)
+            known = not any(self.source.is_byte(i) or self.source.is_unknown(i) for i in ids)
+            if known and self.vocabulary is not None:
+                known = all(piece in self.vocabulary for piece in self.source.encode(char, out_type=str))
+            self._readable[char] = known
+        return known
 
     def _piece_ids(self, text: str) -> list[int]:
         if self.vocabulary is None:

@@ -22,6 +22,7 @@ from service.engine_process import EngineProcess
 from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, SettingsError, TooLarge
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, Architecture, ModelFolder, load_model_folder
+from service.placeholders import Masked, mask
 from service.placement import Cores, allowed_cores, claim, pin_process, plan
 from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
@@ -70,6 +71,7 @@ class Prepared:
     documents: list[text.Document]
     jobs: list[list[int]]  # source ids per sentence, documents concatenated
     options: list[SearchOptions]
+    masks: list[Masked]  # per sentence, what the model read of it: its placeholders and the runs they stand for
 
 
 class Translator:
@@ -120,8 +122,13 @@ class Translator:
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.sentences]
         self._check_sentences(len(sentences), cut=True)  # cutting long sentences made more
-        jobs = [self.tokenizer.encode(text.model_input(s), target) for s in sentences]
-        return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs])
+        masks = [self.masked(text.model_input(s)) for s in sentences]
+        jobs = [self.tokenizer.encode(m.text, target) for m in masks]
+        return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
+
+    def masked(self, sentence: str) -> Masked:
+        """The sentence as the model reads it: with MT_MASK_SYMBOLS, what it cannot read as placeholders."""
+        return mask(sentence, self.tokenizer.readable) if self.settings.mask_symbols else Masked(sentence)
 
     def _check_sentences(self, count: int, cut: bool = False) -> None:
         """413 for more sentences than a request may have, or than the whole queue holds (a 503 'retry later' for
@@ -243,8 +250,12 @@ class Translator:
         texts, alternatives, scores, offset = [], [], [], 0
         for doc in prepared.documents:
             mine = hypotheses[offset : offset + len(doc.sentences)]
+            masks = prepared.masks[offset : offset + len(doc.sentences)]
             offset += len(doc.sentences)
-            decoded = [[self.tokenizer.decode(h.tokens) for h in sentence] for sentence in mine]
+            decoded = [
+                [masked.unmask(self.tokenizer.decode(h.tokens)) for h in sentence]
+                for sentence, masked in zip(mine, masks, strict=True)
+            ]
             texts.append(doc.join([d[0] for d in decoded]))
             alternatives.append(
                 [doc.join([d[min(k, len(d) - 1)] for d in decoded]) for k in range(1, options.alternatives + 1)]
