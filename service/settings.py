@@ -173,7 +173,7 @@ class Settings(BaseSettings):
     mask_symbols: bool = Field(
         True,
         description="inside a sentence, each run of symbols (emoji, €, °) or of characters the model's vocabulary "
-        "lacks goes to the model as a placeholder {0}, {1}, ..., put back in its translation (service/placeholders.py)",
+        "lacks goes to the model as a placeholder %1, %2, ..., put back in its translation (service/placeholders.py)",
     )
     max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413 above)")
     max_request_items: int = Field(128, ge=1, description="strings in one request's q list (413 above)")

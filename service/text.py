@@ -45,7 +45,8 @@ _FORMAT_CHARS = (
     "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438"
     "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
 )
-_FORMAT = re.compile(f"[{_FORMAT_CHARS}]")
+# format characters to drop, but the tags of a subdivision flag (🏴 + tags + cancel tag: Scotland's), part of it
+_FORMAT = re.compile(f"(\U0001f3f4[\U000e0020-\U000e007e]+\U000e007f)|[{_FORMAT_CHARS}]")
 _TOKEN = re.compile(rf"[^\s{_FORMAT_CHARS}]+")  # a word: format characters alone are not one (kept verbatim)
 _SPACE = re.compile(r"\s+")
 _DOTTED = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")  # e.g, i.e, U.S (the final period stripped)
@@ -74,7 +75,11 @@ def model_input(sentence: str) -> str:
     """A sentence as the tokenizer gets it: Unicode NFC, without format characters (`_FORMAT`); line breaks (an
     HTML sentence may cross lines) as \\n, without the control characters among them (\\v \\f \\x1c-\\x1e \\x85)."""
     sentence = _BREAK_CONTROL.sub("", sentence.replace("\r\n", "\n").replace("\r", "\n"))
-    return unicodedata.normalize("NFC", _FORMAT.sub("", sentence))
+    return unicodedata.normalize("NFC", _FORMAT.sub(_flag_or_nothing, sentence))
+
+
+def _flag_or_nothing(match: re.Match[str]) -> str:
+    return match.group(1) or ""
 
 
 @dataclass(frozen=True)

@@ -192,6 +192,13 @@ class Translator:
         prepared = await off_loop(inline, self.prepare, texts, target, options)
         ticket = await self._run(prepared, options, started)
         hypotheses: list[list[Hypothesis]] = [r for r in ticket.results if r is not None]
+        unrestored = await off_loop(inline, self._unrestored, prepared, hypotheses)
+        if unrestored:  # the model lost or repeated a placeholder: those sentences again, as they are
+            again = await off_loop(inline, self._unmasked, prepared, unrestored, target, options)
+            rerun = await self._run(again, options, started)
+            for k, i in enumerate(unrestored):
+                hypotheses[i] = rerun.results[k] or []
+                prepared.masks[i], prepared.jobs[i] = again.masks[k], again.jobs[k]
         texts, alternatives, scores = await off_loop(inline, self._assemble, prepared, hypotheses, options)
         return Translation(
             texts,
@@ -242,6 +249,21 @@ class Translator:
         if ticket.error is not None:
             raise ticket.error
         return ticket
+
+    def _unrestored(self, prepared: Prepared, hypotheses: list[list[Hypothesis]]) -> list[int]:
+        """The sentences whose best translation did not give each placeholder back exactly once."""
+        return [
+            i
+            for i, (masked, results) in enumerate(zip(prepared.masks, hypotheses, strict=True))
+            if masked.runs and masked.restore(self.tokenizer.decode(results[0].tokens)) is None
+        ]
+
+    def _unmasked(self, prepared: Prepared, indices: list[int], target: str, options: TranslateOptions) -> Prepared:
+        """The sentences at `indices` as the model reads them without placeholders."""
+        masks = [Masked(prepared.masks[i].sentence) for i in indices]
+        jobs = [self.tokenizer.encode(m.text, target) for m in masks]
+        log.debug("%d sentence(s) translated again without placeholders (the model did not keep them)", len(jobs))
+        return Prepared([], jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
 
     def _assemble(
         self, prepared: Prepared, hypotheses: list[list[Hypothesis]], options: TranslateOptions

@@ -75,13 +75,15 @@ SYMBOLS = [
     ("Warning ⚠️ the disk is almost full.", "⚠️", "disque"),
     ("The temperature is 20 °C today.", "°C", "température"),
     ("The word 東京 means Tokyo.", "東京", "mot"),
+    ("It costs 5€, 10€ or 20€ per user.", "20€", "utilisateur"),  # a digit before the placeholder: %3, not {2}
+    ("He said Привет to me.", "Привет", "moi"),  # a word of letters the vocabulary lacks: whole
 ]
 
 
 def test_symbols_come_back_and_the_sentence_around_them_is_translated(client: TestClient) -> None:
-    """MT_MASK_SYMBOLS (on): the model reads {0} where the symbol was. Read as they were (off), 7 of these 8 lost
+    """MT_MASK_SYMBOLS (on): the model reads %1 where the symbol was. Read as they were (off), 9 of these 10 lost
     their symbol and most their sentence ("Save the file 🙂 now." -> "Enregistre le fichier de retour séviter ...")."""
     q = [english for english, _, _ in SYMBOLS]
     texts = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["translatedText"]
     for (english, symbol, word), french in zip(SYMBOLS, texts, strict=True):
-        assert french.count(symbol) == 1 and word in french.lower() and "{0}" not in french, (english, french)
+        assert french.count(symbol) == 1 and word in french.lower() and "%1" not in french, (english, french)
