@@ -552,10 +552,11 @@ def check_key(settings: Settings, payload: dict[str, Any], request: Request) -> 
     as soon as the body is parsed, before its size and fields: a client without a key learns nothing more."""
     if not settings.api_keys:
         return
-    in_body = payload.get("api_key")
-    given = in_body if in_body not in (None, "") else header_key(request)
-    if not isinstance(given, str) or not key_matches(settings.api_keys, given):
-        raise Forbidden("a valid api_key is required" if given else "this server needs an api_key")
+    in_body, in_header = payload.get("api_key"), header_key(request)
+    given = in_body if isinstance(in_body, str) and in_body else in_header  # a body key that is no text: a header's
+    if not key_matches(settings.api_keys, given):
+        sent = given or in_body not in (None, "")
+        raise Forbidden("a valid api_key is required" if sent else "this server needs an api_key")
 
 
 def check_metadata_key(settings: Settings, request: Request) -> None:

@@ -20,7 +20,8 @@ from service.placement import CLAIMS, allowed_cores
 
 SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "models"
 PREFIX = "MT_"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVELS = tuple(logging.getLevelNamesMapping())  # Python's: CRITICAL FATAL ERROR WARN WARNING INFO DEBUG NOTSET
+SECRETS = frozenset(["api_keys", "metadata_api_keys"])  # their values never reach a log line, nor an error
 A_DAY = 86_400.0  # the longest timeout taken: beyond it time arithmetic overflows (a time_t), and no request waits so
 # docker-compose.yml's own variables, which the compose file reads and the server never sees
 COMPOSE_VARIABLES = frozenset(
@@ -200,8 +201,14 @@ class Settings(BaseSettings):
         """A list from its variable's text. Set, MT_PROVIDERS and the key lists hold something: an empty
         MT_API_KEYS (a secret missing in a deployment) would turn the keys off without a word."""
         items = _split_list(value)
-        if isinstance(value, str) and not items and info.field_name in ("providers", "api_keys", "metadata_api_keys"):
+        if isinstance(value, str) and not items and info.field_name in ("providers", *SECRETS):
             raise ValueError("is set but lists nothing; give at least one, or unset it for the default")
+        if info.field_name in SECRETS and isinstance(items, list):
+            if any(not isinstance(key, str) for key in items):
+                raise ValueError("lists something that is not text: give each key as a string")
+            if any(not key.strip() for key in items):
+                raise ValueError("holds an empty key (which a request without a key would match); remove it")
+            return [key.strip() for key in items]
         return items
 
     @field_validator("models")
@@ -273,17 +280,20 @@ def _problem(error: dict) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
     if not error["loc"]:  # a model validator's: it names its variables
         return message
-    variable = Settings.variable(str(error["loc"][0]))
-    return f"{variable}={error['input']!r}: {message}" if isinstance(error["input"], str) else f"{variable}: {message}"
+    field = str(error["loc"][0])
+    variable, shown = Settings.variable(field), isinstance(error["input"], str) and field not in SECRETS
+    if field in SECRETS:  # the parser's own words may quote the value ("Expecting value: ... ['s3cret', oops")
+        message = message.split(":")[0] if message.startswith("Expecting") else message
+    return f"{variable}={error['input']!r}: {message}" if shown else f"{variable}: {message}"
 
 
 def unknown_variables(environ: dict[str, str] | None = None) -> list[str]:
     """MT_* variables that are no setting (a misspelt one is otherwise ignored without a word), each with the
     setting it is closest to, if any: "MT_MAX_BEAMSIZE (did you mean MT_MAX_BEAM_SIZE?)"."""
     known = {Settings.variable(name) for name in Settings.model_fields} | COMPOSE_VARIABLES
-    lines = []
-    for name in sorted(n for n in (os.environ if environ is None else environ) if n.startswith(PREFIX)):
-        if name not in known:
+    lines = []  # pydantic-settings reads names in any case: MT_log_level is MT_LOG_LEVEL
+    for name in sorted(n for n in (os.environ if environ is None else environ) if n.upper().startswith(PREFIX)):
+        if name.upper() not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             lines.append(f"{name} (did you mean {close[0]}?)" if close else name)
     return lines

@@ -303,6 +303,10 @@ def test_api_keys(model_dir: Path) -> None:
         for unkeyed in ({**body, "q": ["x"] * 1000}, {**body, "beam_size": 0}, {"api_key": 7}):
             refused = c.post("/translate", json=unkeyed)
             assert refused.status_code == 403, unkeyed
+        assert c.post("/translate", json={"api_key": False}).json() == {"error": "a valid api_key is required"}
+        # a body key that is no text gives way to a header's; then the body's field is what to fix
+        odd = c.post("/translate", json={**body, "api_key": False}, headers={"x-api-key": "other"})
+        assert odd.status_code == 422 and "api_key: Input should be a valid string" in odd.json()["error"]
         assert c.post("/translate", json={**body, "beam_size": 0, "api_key": "s3cret"}).status_code == 422
 
 

@@ -29,9 +29,11 @@ from tests.service.test_e2e import free_port, start_server
         ({"MT_REQUEST_TIMEOUT_SECONDS": "nan"}, "MT_REQUEST_TIMEOUT_SECONDS='nan': Input should be a finite number"),
         ({"MT_REQUEST_TIMEOUT_SECONDS": "1e10"}, "MT_REQUEST_TIMEOUT_SECONDS='1e10': Input should be less than"),
         ({"MT_SHUTDOWN_GRACE_SECONDS": "1e10"}, "MT_SHUTDOWN_GRACE_SECONDS='1e10': Input should be less than"),
-        ({"MT_LOG_LEVEL": "LOUD"}, "MT_LOG_LEVEL='LOUD': must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
-        ({"MT_API_KEYS": " , "}, "MT_API_KEYS=' , ': is set but lists nothing"),
-        ({"MT_METADATA_API_KEYS": ""}, "MT_METADATA_API_KEYS='': is set but lists nothing"),
+        ({"MT_LOG_LEVEL": "LOUD"}, "MT_LOG_LEVEL='LOUD': must be one of CRITICAL, FATAL, ERROR, WARN, WARNING, INFO"),
+        ({"MT_API_KEYS": " , "}, "MT_API_KEYS: is set but lists nothing"),
+        ({"MT_METADATA_API_KEYS": ""}, "MT_METADATA_API_KEYS: is set but lists nothing"),  # a secret's: not shown
+        ({"MT_API_KEYS": '["", "k1"]'}, "MT_API_KEYS: holds an empty key (which a request without a key would"),
+        ({"MT_API_KEYS": "[1]"}, "MT_API_KEYS: lists something that is not text"),
         ({"MT_PROVIDERS": ""}, "MT_PROVIDERS='': is set but lists nothing"),
         ({"MT_PROVIDERS": "tpu"}, "MT_PROVIDERS='tpu': Input should be 'cpu' or 'cuda'"),
         ({"MT_PROVIDERS": "[cpu"}, "MT_PROVIDERS='[cpu': Expecting value"),
@@ -59,6 +61,19 @@ def test_a_bad_setting_is_one_message_naming_its_variable(
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+def test_a_malformed_key_list_is_refused_without_its_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MT_API_KEYS", '["s3cr3t-prod-key", oops')
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value) == "MT_API_KEYS: Expecting value"  # the parser's message quoted the keys
+
+
+@pytest.mark.parametrize("level", ["warn", "fatal", "NOTSET", "Warning"])
+def test_every_level_python_names_is_a_log_level(monkeypatch: pytest.MonkeyPatch, level: str) -> None:
+    monkeypatch.setenv("MT_LOG_LEVEL", level)
+    assert load_settings().log_level == level.upper()
+
+
 def test_values_that_hold_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().api_keys == [] and Settings().providers == ["cpu"]  # unset: the defaults, not "lists nothing"
     monkeypatch.setenv("MT_LOG_LEVEL", "debug")
@@ -71,6 +86,7 @@ def test_values_that_hold_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_misspelt_variable_is_named_with_the_setting_it_is_closest_to(caplog: pytest.LogCaptureFixture) -> None:
     environ = {"MT_MAX_BEAMSIZE": "4", "MT_PORT": "8001", "MT_MAX_BEAM_SIZE": "4", "MT_ZZZ": "1", "PATH": "/bin"}
     assert unknown_variables(environ) == ["MT_MAX_BEAMSIZE (did you mean MT_MAX_BEAM_SIZE?)", "MT_ZZZ"]
+    assert unknown_variables({"MT_log_level": "debug", "mt_zzz": "1"}) == ["mt_zzz"]  # read in any case
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MT_MAX_BEAMSIZE", "4")
         warn_unknown_variables(logging.getLogger("service"))
