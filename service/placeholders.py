@@ -134,11 +134,13 @@ def runs(sentence: str, readable: Callable[[str], bool]) -> list[tuple[int, int]
 
 def protected(char: str, readable: Callable[[str], bool]) -> bool:
     """A character given to the model as a placeholder: a symbol beyond ASCII (ASCII's + < = > | ^ ~ $ stay: the
-    model reads them), or one the model's vocabulary lacks. Never a space, a control or a format character: those
+    model reads them), a number that is no digit (², ½, ①: the tokenizer reads ² as 2, and "5 m²" came back as
+    "52"), or one the model's vocabulary lacks. Never a space, a control or a format character: those
     are the text path's to keep or drop (`text.model_input`)."""
-    if char.isascii() or unicodedata.category(char)[0] in "ZC":
+    category = unicodedata.category(char)
+    if char.isascii() or category[0] in "ZC":
         return False
-    return unicodedata.category(char)[0] == "S" or not readable(char)
+    return category[0] == "S" or category == "No" or not readable(char)
 
 
 def _in_word(char: str) -> bool:

@@ -36,6 +36,7 @@ def latin(char: str) -> bool:
         ("👨\u200d👩\u200d👧 plan", "%1 plan", (Run("%1", "👨\u200d👩\u200d👧"),)),  # an emoji sequence: one run
         ("⚠\ufe0f Warning", "%1 Warning", (Run("%1", "⚠\ufe0f"),)),  # its variation selector with it
         ("Press 1️⃣ now", "Press %1 now", (Run("%1", "1️⃣"),)),  # a keycap: its base with it
+        ("5 m² or 4½", "5 m%1 or 4%2", (Run("%1", "²"), Run("%2", "½"))),  # numbers that are no digits
         (f"The {FLAG} flag", "The %1 flag", (Run("%1", FLAG),)),  # a subdivision flag: its tags with it
         ("Click ☰ then ⚙ to save.", "Click %1 then %2 to save.", (Run("%1", "☰"), Run("%2", "⚙"))),
         ("The word 東京 means Tokyo.", "The word %1 means Tokyo.", (Run("%1", "東京"),)),  # not in the vocabulary
