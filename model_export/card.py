@@ -191,7 +191,7 @@ def read_stats(path: Path) -> dict:
         stats = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise ExportError(f"{path}: not valid JSON ({error}); `corpus build` writes it") from None
-    shapes = {"pairs": dict, "packages": list, "groups": dict, "dropped": dict}
+    shapes = {"pairs": dict, "packages": dict, "groups": dict, "dropped": dict}  # packages: name -> its counts
     wrong = [key for key, kind in shapes.items() if not isinstance(stats, dict) or not isinstance(stats.get(key), kind)]
     if not wrong and not all(isinstance(stats["pairs"].get(split), int) for split in ("train", "dev", "test")):
         wrong = ["pairs (train, dev and test counts)"]

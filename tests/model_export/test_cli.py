@@ -5,11 +5,15 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from model_export.__main__ import EXIT_BAD_INPUT, main
+from model_export.corpus.build import Harvest, stats_of
+from model_export.corpus.pins import Pin
+from model_export.corpus.split import Pair
 from service.model_folder import sha256_of
 
 
@@ -185,7 +189,9 @@ def card_inputs(model_dir: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
     corpus.mkdir()
     (corpus / "test.en").write_text("\n".join(SENTENCES[:6]) + "\n")
     (corpus / "test.fr").write_text("\n".join(SENTENCES[6:12]) + "\n")
-    stats = {"pairs": {"train": 10, "dev": 2, "test": 6}, "packages": ["a"], "groups": {}, "dropped": {}}
+    pins = [Pin("deb", "a", "1.0", "apps")]
+    splits = {"train": [Pair("x", "y", "a")] * 10, "dev": [Pair("x", "y", "a")] * 2, "test": [Pair("x", "y", "a")] * 6}
+    stats = stats_of(pins, Harvest(entries=Counter(a=20)), splits, {})  # what `corpus build` writes
     (corpus / "stats.json").write_text(json.dumps(stats))
     (corpus / "NOTICE").write_text("notice\n")
     report = tmp_path / "fp32-greedy.json"
