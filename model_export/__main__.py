@@ -128,6 +128,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.json.is_dir():
             raise ExportError(f"--json {args.json} is a folder; name the report's file")
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        existed = args.json.exists()
+        with args.json.open("a", encoding="utf-8"):  # writable (an OSError: one line, below), kept as it was
+            pass
+        if not existed:
+            args.json.unlink()
     report = evaluate(args.model_dir, args.corpus, args.split, args.variant, args.beam_size, args.batch_size,
                       args.threads, args.limit, args.streams)
     print(report.summary())

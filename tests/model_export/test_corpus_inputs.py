@@ -64,6 +64,24 @@ def test_json_into_a_new_folder_is_written(model_dir: Path, tmp_path: Path, caps
     assert capsys.readouterr().err == f"error: --json {tmp_path} is a folder; name the report's file\n"
 
 
+def test_json_that_cannot_be_written_is_refused_before_the_evaluation(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A report path nobody may write (here /proc, which refuses even root) fails in one line before any
+    translation: after it, a finished evaluation was lost."""
+    import model_export.evaluate
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("evaluated before the report's path was checked")
+
+    monkeypatch.setattr(model_export.evaluate, "evaluate", never)
+    corpus = write_split(tmp_path / "c", SENTENCES[:2], SENTENCES[6:8])
+    args = ["evaluate", "--model-dir", str(model_dir), "--corpus", str(corpus), "--threads", "1"]
+    assert main([*args, "--json", "/proc/report.json"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: /proc/report.json: ") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
