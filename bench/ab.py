@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.machine import describe, headline
 from bench.server import SERVER_LOG, free_port, measure, sentences, start_server, stop_server
-from service.arguments import positive_float, positive_int
+from service.arguments import description_of, positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 # (key in bench.server's figures, label, whether lower is better)
@@ -109,7 +109,7 @@ def environment(pairs: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=description_of(__doc__))
     parser.add_argument("--a", type=Path, default=ROOT, help="arm A's checkout (default: this one)")
     parser.add_argument("--b", type=Path, default=ROOT, help="arm B's checkout (default: this one)")
     parser.add_argument("--a-env", action="append", default=[], metavar="NAME=VALUE", help="for A's server")

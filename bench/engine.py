@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.machine import describe, headline
 from model_export import graph_io
-from service.arguments import non_negative_int, positive_int, positive_ints
+from service.arguments import description_of, non_negative_int, positive_int, positive_ints
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "runs" / "bench"
@@ -311,6 +311,7 @@ def convert_peers(base: Path, engines: list[str]) -> None:
     """Our folder with the variants `engines` run, and the CTranslate2 models they run (ct2-int8 its int8 model;
     the others its float32 model, converted to float16 or int8_float16 at load), from the Hugging Face folder."""
     hf, ours = base / "hf", base / "ours"
+    engines = [name.partition("@")[0] for name in engines]  # a layout (ours-int8@2x1) runs its engine's model
     if not written_by_this_exporter(ours):
         shutil.rmtree(ours, ignore_errors=True)
         run_command(
@@ -673,7 +674,7 @@ def real_text_table(rows: dict[str, tuple[float, float, float]], reference: str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.engine", description=description_of(__doc__))
     parser.add_argument("model", choices=["paper", "default"])
     parser.add_argument("--engines", help=f"comma-separated; default on cpu: {CPU_ENGINES}; on cuda: {GPU_ENGINES}")
     parser.add_argument("--sentences", type=positive_int, default=256, help="sources at batch 32")

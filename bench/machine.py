@@ -4,11 +4,13 @@ the code: CTranslate2 picks its int8 backend by vendor (Intel MKL on Intel, oneD
 int8 kernels by instruction set (AVX-512 VNNI, AVX-VNNI, AVX2), and a CPU quota or an affinity mask can leave a
 process fewer cores than the machine has.
 
-    python -m bench.machine        # the headline and the whole description, as JSON
+    python -m bench.machine          # the headline and the whole description, as JSON
+    python -m bench.machine --cuda   # with the GPU ONNX Runtime and CUDA see
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.metadata
 import json
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from service.arguments import description_of
 from service.settings import available_cores
 
 # The instruction sets the int8 and float kernels of ONNX Runtime and CTranslate2 choose between, as /proc/cpuinfo
@@ -133,8 +136,10 @@ def headline(machine: dict[str, Any]) -> str:
     return f"machine: {machine['cpu']} ({cores}){memory}{gpu}; {packages}; {machine['date']}"
 
 
-def main() -> int:
-    machine = describe("cuda" if "--cuda" in sys.argv[1:] else "cpu")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.machine", description=description_of(__doc__))
+    parser.add_argument("--cuda", action="store_true", help="describe the GPU too (ONNX Runtime's CUDA provider)")
+    machine = describe("cuda" if parser.parse_args(argv).cuda else "cpu")
     print(headline(machine))
     print(json.dumps(machine, indent=2))
     return 0

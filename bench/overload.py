@@ -32,7 +32,7 @@ from bench.load import Connection, run_load
 from bench.machine import describe, headline
 from bench.processes import rss_mb
 from bench.server import SERVER_LOG, free_port, start_server, stop_server
-from service.arguments import positive_float, positive_int
+from service.arguments import description_of, positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "runs" / "bench" / "models"
@@ -341,7 +341,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.overload", description=description_of(__doc__))
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--bench-model", choices=sorted(BENCH_MODELS), default=None, help="serve a random model")
     parser.add_argument(

@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from bench.machine import describe, headline
 from bench.server import batch_figures, metric_totals
 from bench.server import sentences as test_sentences
-from service.arguments import positive_float, positive_int
+from service.arguments import description_of, positive_float, positive_int
 from service.decoding import SearchOptions
 from service.engine_process import EngineProcess
 from service.metrics import Metrics
@@ -105,7 +105,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.scheduler", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.scheduler", description=description_of(__doc__))
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "en-fr", help="a model folder")
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en")
     parser.add_argument("--clients", default="32")

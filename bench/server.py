@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.load import run_load
 from bench.machine import describe, headline
 from bench.processes import cpu_seconds, own_cpu_seconds
-from service.arguments import positive_float, positive_int
+from service.arguments import description_of, positive_float, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_THREADS = 2  # the engine alone: this project's development machines have 2 cores
@@ -243,7 +243,7 @@ def batch_figures(before: dict[str, float], after: dict[str, float]) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.server", description=description_of(__doc__))
     parser.add_argument("--models-dir", type=Path, default=ROOT / "models")
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
     parser.add_argument("--modes", default="continuous,static,sequential")

@@ -33,7 +33,7 @@ from bench.overload import (
     sustainable_rate,
 )
 from bench.server import SERVER_LOG, free_port, start_server, stop_server
-from service.arguments import non_negative_float, positive_float
+from service.arguments import description_of, non_negative_float, positive_float
 
 MAX_GROWTH = 0.05
 
@@ -75,7 +75,7 @@ async def soak(port: int, pid: int, rate: float, windows: int, window_seconds: f
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=description_of(__doc__))
     parser.add_argument("--minutes", type=positive_float, default=30.0)
     parser.add_argument(
         "--warmup-minutes", type=non_negative_float, default=None, help="default: a quarter of the run, at most 5"

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import describe, headline
-from service.arguments import non_negative_int, positive_int, positive_ints
+from service.arguments import description_of, non_negative_int, positive_int, positive_ints
 from service.decoding import SearchOptions, candidates, needs_log_probs
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
@@ -111,7 +111,7 @@ def own_times(nodes: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.step", description=description_of(__doc__))
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "en-fr", help="a model folder")
     parser.add_argument("--variant", default=None, help="default: the folder's default variant")
     parser.add_argument("--rows", type=positive_ints, default=[32], help="one column each, e.g. 32,16")

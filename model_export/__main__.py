@@ -293,7 +293,7 @@ def parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check a model folder against the checkpoint it was exported from")
     verify.add_argument("--checkpoint", type=Path, required=True)
     verify.add_argument("--model-dir", type=Path, required=True)
-    verify.add_argument("--variant", help="graph variant to check (default: the manifest's default)")
+    verify.add_argument("--variant", help="graph variant to check (default: every variant the folder has)")
     verify.add_argument(
         "--tolerance",
         type=positive_float,

@@ -6,6 +6,7 @@ bound --port 70000 as 4464: asyncio takes a port modulo 65,536)."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 
 
@@ -44,3 +45,9 @@ def positive_ints(text: str) -> list[int]:
     except argparse.ArgumentTypeError:
         message = f"must be comma-separated whole numbers of at least 1, e.g. 1,4, not {text!r}"
         raise argparse.ArgumentTypeError(message) from None
+
+
+def description_of(doc: str | None) -> str:
+    """A module docstring's first sentence, as a command's --help description (its first line cut one mid-phrase)."""
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    return re.split(r"(?<=[.:])\s(?=[A-Z])", paragraph, maxsplit=1)[0]

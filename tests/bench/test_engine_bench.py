@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import bench.engine as engine_module
 from bench.engine import (
     FORCED,
     THREADS,
@@ -174,3 +175,19 @@ def test_a_folder_from_an_older_exporter_is_rebuilt(model_dir: Path, tmp_path: P
         (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
         assert not written_by_this_exporter(folder), (key, old)
     assert not written_by_this_exporter(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("names", [["ours-int8", "ct2-int8"], ["ours-int8@1x1", "ct2-int8@2x1", "ct2-float32@1x1"]])
+def test_peers_are_converted_for_engines_named_with_their_layout(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str]
+) -> None:
+    """ours-int8@1x1 needs the int8 variant and ct2-int8@2x1 CTranslate2's int8 model, as the bare names do: with
+    the layout in the name nothing was converted, and every engine failed to load."""
+    shutil.copytree(model_dir, tmp_path / "ours")  # of this exporter, fp32 only: not converted again
+    commands: list[tuple[str, ...]] = []
+    monkeypatch.setattr(engine_module, "run_command", lambda *command: commands.append(command))
+    engine_module.convert_peers(tmp_path, names)
+    ran = [" ".join(c[2:4]) if c[1] == "-m" else "" for c in commands]
+    assert "model_export quantize" in ran  # the int8 variant
+    quantizations = sorted(c[c.index("--quantization") + 1] for c in commands if "--quantization" in c)
+    assert quantizations == (["float32", "int8"] if "ct2-float32@1x1" in names else ["int8"])
