@@ -412,7 +412,7 @@ def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
     graphs = ["step"]
     if variant.decoder_step_ragged is not None and ragged_step(folder.manifest.config, settings):
         graphs.append("ragged")
-    wanted = settings.single_row_step and "cuda" not in settings.providers
+    wanted = settings.single_row_step and not cuda_present(settings)  # CUDA asked for but absent: the CPU's graphs
     if variant.decoder_step_single is not None and wanted:
         rows = single_row_rows(folder.manifest.config)
         graphs.append("one-row" if rows == 1 else f"one-row (steps of up to {rows} rows)")
@@ -434,11 +434,12 @@ def intra_op_threads(cfg: Architecture, settings: Settings) -> int:
 def decoder_streams(cfg: Architecture, settings: Settings) -> int:
     """MT_DECODER_STREAMS, or for 0: two for a model whose steps are worth sharing (measured on 2 cores, paper-size
     model served at 32 clients: 1.23x the throughput of one stream on both cores), else one (the default model:
-    0.90x at 32 clients; the encoder thread and the HTTP side need the second core). One on a GPU (not measured)."""
+    0.90x at 32 clients; the encoder thread and the HTTP side need the second core). One on a GPU (not measured);
+    CUDA asked for on an onnxruntime without it runs on the CPU, and is laid out as the CPU is."""
     if settings.decoder_streams:
         return settings.decoder_streams
     large = decoder_macs_per_token(cfg) >= SHARED_STEP_MACS
-    return 2 if large and available_cores() >= 2 and "cuda" not in settings.providers else 1
+    return 2 if large and available_cores() >= 2 and not cuda_present(settings) else 1
 
 
 def chosen_variant(folder: ModelFolder, settings: Settings) -> str:
@@ -527,7 +528,7 @@ def check_names(folders: list[ModelFolder]) -> None:
 def place(folders: list[ModelFolder], settings: Settings) -> list[Cores] | None:
     """MT_PIN_CORES: a core for each model's decoding streams, if service/placement.py's plan has one, this
     process's threads (and so its engine processes) pinned to the cores left; None where nothing is pinned."""
-    if not settings.pin_cores or "cuda" in settings.providers:
+    if not settings.pin_cores or cuda_present(settings):
         return None
     layouts = [
         (decoder_streams(f.manifest.config, settings), intra_op_threads(f.manifest.config, settings)) for f in folders

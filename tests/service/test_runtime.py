@@ -121,7 +121,10 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     assert intra_op_threads(paper, Settings()) == 3  # the cores split between the two streams
     assert intra_op_threads(paper, Settings(decoder_streams=1)) == 6  # an explicit count wins
     assert decoder_streams(paper, Settings(decoder_streams=3)) == 3
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert decoder_streams(paper, Settings(providers=["cuda", "cpu"])) == 1  # measured on CPUs only
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert decoder_streams(paper, Settings(providers=["cuda", "cpu"])) == 2  # no CUDA here: laid out as on the CPU
     assert intra_op_threads(shipped, Settings(decoder_streams=2)) == 1
     monkeypatch.setattr("service.translator.available_cores", lambda: 1)
     assert decoder_streams(paper, Settings()) == 1 and intra_op_threads(paper, Settings()) == 1
@@ -438,7 +441,12 @@ def test_the_start_up_line_names_the_step_graphs_the_engine_opens(
     assert step_graphs(folder, Settings(variant="int8")) == ["step", "ragged", "one-row"]  # a small decoder: ragged
     assert step_graphs(folder, Settings(variant="int8", single_row_step=False, ragged_step=False)) == ["step"]
     assert step_graphs(folder, Settings(variant="fp32")) == ["step", "ragged"]
-    assert step_graphs(folder, Settings(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged"]
+    with monkeypatch.context() as cuda:
+        cuda.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+        assert step_graphs(folder, Settings(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged"]
+    with monkeypatch.context() as cpu_only:  # CUDA asked for, absent: the sessions run on the CPU, its graphs too
+        cpu_only.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+        assert step_graphs(folder, Settings(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged", "one-row"]
     monkeypatch.setenv("MT_MODELS_DIR", str(quantized.parent))
     monkeypatch.setenv("MT_MODELS", quantized.name)
     with caplog.at_level(logging.INFO, logger="service.translator"):
