@@ -71,15 +71,21 @@ def clean(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
-def model_input(sentence: str) -> str:
+def model_input(sentence: str, keep_flags: bool = False) -> str:
     """A sentence as the tokenizer gets it: Unicode NFC, without format characters (`_FORMAT`); line breaks (an
-    HTML sentence may cross lines) as \\n, without the control characters among them (\\v \\f \\x1c-\\x1e \\x85)."""
+    HTML sentence may cross lines) as \\n, without the control characters among them (\\v \\f \\x1c-\\x1e \\x85).
+    `keep_flags`: a subdivision flag's tags stay with it, for placeholders (service/placeholders.py) to take whole."""
     sentence = _BREAK_CONTROL.sub("", sentence.replace("\r\n", "\n").replace("\r", "\n"))
-    return unicodedata.normalize("NFC", _FORMAT.sub(_flag_or_nothing, sentence))
+    kept = _flag_or_nothing if keep_flags else _black_flag_or_nothing
+    return unicodedata.normalize("NFC", _FORMAT.sub(kept, sentence))
 
 
 def _flag_or_nothing(match: re.Match[str]) -> str:
     return match.group(1) or ""
+
+
+def _black_flag_or_nothing(match: re.Match[str]) -> str:
+    return match.group(1)[0] if match.group(1) else ""  # the flag without its tags
 
 
 @dataclass(frozen=True)

@@ -122,13 +122,16 @@ class Translator:
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.sentences]
         self._check_sentences(len(sentences), cut=True)  # cutting long sentences made more
-        masks = [self.masked(text.model_input(s)) for s in sentences]
+        masks = [self.masked(s) for s in sentences]
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
         return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
 
     def masked(self, sentence: str) -> Masked:
-        """The sentence as the model reads it: with MT_MASK_SYMBOLS, what it cannot read as placeholders."""
-        return mask(sentence, self.tokenizer.readable) if self.settings.mask_symbols else Masked(sentence)
+        """The sentence as the model reads it (`text.model_input`): with MT_MASK_SYMBOLS, what it cannot read as
+        placeholders."""
+        if not self.settings.mask_symbols:
+            return Masked(text.model_input(sentence))
+        return mask(text.model_input(sentence, keep_flags=True), self.tokenizer.readable)
 
     def _check_sentences(self, count: int, cut: bool = False) -> None:
         """413 for more sentences than a request may have, or than the whole queue holds (a 503 'retry later' for
