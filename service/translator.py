@@ -263,7 +263,7 @@ class Translator:
 
     def _unmasked(self, prepared: Prepared, indices: list[int], target: str, options: TranslateOptions) -> Prepared:
         """The sentences at `indices` as the model reads them without placeholders."""
-        masks = [Masked(prepared.masks[i].sentence) for i in indices]
+        masks = [Masked(text.model_input(prepared.masks[i].sentence)) for i in indices]  # as MT_MASK_SYMBOLS off
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
         log.debug("%d sentence(s) translated again without placeholders (the model did not keep them)", len(jobs))
         return Prepared([], jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
