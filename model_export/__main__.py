@@ -13,7 +13,7 @@ from pathlib import Path
 from model_export.config import ConfigError, TransformerConfig
 from model_export.errors import ExportError
 from service.arguments import fraction, int_between, non_negative_int, positive_float, positive_int
-from service.errors import ModelFolderError
+from service.errors import ModelFolderError, os_error_line
 
 EXIT_BAD_INPUT = 2
 # evaluate's threads for one process's graph runs: past the cores they only contend; 256 is above any CPU here
@@ -324,14 +324,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a destination under a file, a read-only file system, a missing folder: the user's to fix
         print(f"error: {os_error_line(error)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-
-
-def os_error_line(error: OSError) -> str:
-    """`path: reason` (both paths of a rename), or the error's own text where it names no file."""
-    if error.filename is None:
-        return str(error)
-    paths = f"{error.filename} -> {error.filename2}" if error.filename2 is not None else str(error.filename)
-    return f"{paths}: {error.strerror or error}"
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import uvicorn
 
 from service.api import RequestIdFilter, State, create_app
 from service.arguments import port
-from service.errors import ServiceError
+from service.errors import ServiceError, os_error_line
 from service.metrics import Metrics
 from service.settings import load_settings, warn_unknown_variables
 from service.translator import load_translators
@@ -87,9 +87,9 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def os_error_line(error: OSError) -> str:
-    """`path: reason`, and for a refused read the user this process runs as (in the image, uid 10001)."""
-    line = f"{error.filename}: {error.strerror}" if error.filename is not None else str(error)
+def start_error_line(error: OSError) -> str:
+    """`os_error_line`, and for a refused read the user this process runs as (in the image, uid 10001)."""
+    line = os_error_line(error)
     if error.errno == errno.EACCES and hasattr(os, "getuid"):
         line += f" (this server runs as uid {os.getuid()}: the model folders must be readable by it)"
     return line
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", error)
         return 1
     except OSError as error:  # a model file this process may not read (a mounted folder, another owner)
-        log.error("cannot start: %s", os_error_line(error))
+        log.error("cannot start: %s", start_error_line(error))
         return 1
     app = create_app(settings, translators, metrics)
     settle_garbage_collector()
