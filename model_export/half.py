@@ -1,6 +1,6 @@
 """Adds a float16 variant to a model folder, for GPUs: the fp32 graphs with every float weight, activation and
-cache in float16, except the step graph's distribution, which LogSoftmax and TopK compute in float32 from the
-float16 logits (beam scores sum these log-probs over every step).
+cache in float16, except the step graph's log-softmax, computed in float32 from the float16 logits (beam scores
+sum these log-probs over every step); the top-K picks its tokens from the float16 logits, in the same order.
 
 It is meant for GPUs: ONNX Runtime's CUDA GroupQueryAttention takes float16 (not float32), so only here does
 self-attention run on the GPU, beside a cache in GPU memory (CuPy). On an H200 it ran 2.2x fp32's greedy throughput at

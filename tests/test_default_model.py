@@ -26,7 +26,7 @@ def test_the_folder_is_intact_and_int8_by_default() -> None:
     assert manifest.default_variant == "int8" and set(manifest.variants) == {"fp32", "int8"}
     assert manifest.format_version == 8 and manifest.variants["int8"].decoder_step_single is not None  # one row
     assert manifest.variants["int8"].decoder_step.named("log_softmax")  # format 8: greedy steps may skip it
-    assert manifest.provenance["exporter"]["graphs"] == graph_io.GRAPHS_REVISION  # the ragged graph's row Gather
+    assert manifest.provenance["exporter"]["graphs"] == graph_io.GRAPHS_REVISION  # the two-stage top-K (revision 4)
     assert (DEFAULT / "README.md").is_file() and (DEFAULT / "NOTICE").is_file()
 
 

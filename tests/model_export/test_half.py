@@ -60,7 +60,7 @@ def test_the_float16_step_always_normalises(halved: Path) -> None:
     step = folder.variant("fp16").decoder_step
     assert not step.named("log_softmax") and folder.variant("fp32").decoder_step.named("log_softmax")
     ops = [node.op_type for node in onnx.load(halved / step.file).graph.node]
-    assert "If" not in ops and ops.count("LogSoftmax") == ops.count("TopK") == 1
+    assert "If" not in ops and ops.count("LogSoftmax") == 1  # its top-K (two-stage, several TopK) reads the logits
     half, full = OnnxRuntime(folder, "fp16"), OnnxRuntime(folder, "fp32")
     ids, mask = np.arange(4, 10)[None], np.ones((1, 6), np.bool_)
     outputs = []

@@ -5,11 +5,14 @@ call, post-norm and pre-norm; and the decoding loop over the graphs gives the re
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import pytest
 import torch
 
 from model_export import reference
 from model_export.export import export_folder
+from model_export.graph_io import TensorSpec
+from model_export.onnx_graphs import GraphBuilder, _top_k, vocabulary_chunks
 from model_export.verify import random_sources, same_decodings, teacher_forced_diff
 from service.kv_cache import DecoderCache
 from service.model_folder import load_model_folder
@@ -165,3 +168,32 @@ def test_graphs_declare_the_opset_and_io_of_the_manifest(model_dir: Path) -> Non
         assert [o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")] == [folder.manifest.opset]
         assert [i.name for i in graph.graph.input] == [s.name for s in spec.inputs]
         assert [o.name for o in graph.graph.output] == [s.name for s in spec.outputs]
+
+
+@pytest.mark.parametrize(("vocab", "length"), [(59514, 109), (8000, 125), (96, 12), (40, None), (97, None), (31, None)])
+def test_the_vocabulary_is_cut_into_chunks_near_128_tokens_where_it_can(vocab: int, length: int | None) -> None:
+    assert vocabulary_chunks(vocab) == length
+
+
+
+def _top_k_graph(vocab: int) -> onnxruntime.InferenceSession:
+    """The step graph's top-K alone: logits (B, vocab), top_k (1,) -> top (B, k) logits, ids (B, k)."""
+    g = GraphBuilder()
+    g.op("Identity", _top_k(g, "logits", vocab, "ids"), out="top")
+    inputs = [TensorSpec("logits", "logits", "float32", ("batch", vocab)), TensorSpec("top_k", "top_k", "int64", (1,))]
+    outputs = [TensorSpec("top", "top", "float32", ("batch", "k")), TensorSpec("ids", "ids", "int64", ("batch", "k"))]
+    return onnxruntime.InferenceSession(g.model("top_k", inputs, outputs).SerializeToString())
+
+
+@pytest.mark.parametrize("vocab", [8000, 96, 97])
+@pytest.mark.parametrize("k", [1, 3, 11, 40])
+def test_the_two_stage_top_k_is_exact_with_ties_broken_to_the_lower_id(vocab: int, k: int) -> None:
+    rng = np.random.default_rng(vocab + k)
+    logits = rng.integers(-6, 6, size=(9, vocab)).astype(np.float32)  # (9, V) few values: ties everywhere
+    logits[0] = rng.standard_normal(vocab)  # one row without ties
+    logits[1, :] = 0.0  # one row all ties
+    logits[2, -3:] = 9.0  # the best in the last chunk
+    top, ids = _top_k_graph(vocab).run(None, {"logits": logits, "top_k": np.array([k])})  # (9, k) each
+    expected = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # (9, k) best first, ties to the lower id
+    np.testing.assert_array_equal(ids, expected)
+    np.testing.assert_array_equal(top, np.take_along_axis(logits, expected, axis=1))
