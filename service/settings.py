@@ -86,7 +86,7 @@ class Settings(BaseSettings):
         description="open a model folder's ragged step graph (format 5) beside its step graph and run it for greedy "
         "steps over ragged sources: its cross-attention reads each sentence's own source, not the widest live one. "
         "Its session holds a second copy of the decoder's prepacked weights (5 MB for the default model, 53 MB "
-        "int8 at the paper's size). Unset: for a decoder under 16 M multiply-adds per token",
+        "int8 and 319 MB fp32 at the paper's size). Unset: where that graph's file is at most 64 MiB",
     )
     single_row_step: bool = Field(
         True,

@@ -380,12 +380,27 @@ def decoder_macs_per_token(cfg: Architecture) -> int:
     return cfg.n_decoder_layers * (6 * d * d + 2 * d * cfg.d_ff) + d * cfg.tgt_vocab_size
 
 
-def ragged_step(cfg: Architecture, settings: Settings) -> bool:
-    """Whether to open the ragged step graph's session (format 5): as set, or for a decoder under SHARED_STEP_MACS.
-    A small decoder's step is short and its cross-attention a large part of it (the default model served at 32
-    clients: 1.03-1.08x the throughput with it), and its weights cost little twice (5 MB); at the paper's size the
-    second session added 53 MB to the int8 engine's resident memory, which took its peak to 1.33x CTranslate2's."""
-    return settings.ragged_step if settings.ragged_step is not None else decoder_macs_per_token(cfg) < SHARED_STEP_MACS
+# The most bytes the ragged step graph's own copy of the decoder's weights may take for the server to open it unasked
+# (its session cannot share the step graph's prepacked weights): the default model's int8 graph is 5 MB, the paper
+# size's 54 MB int8 and 333 MB fp32. Served at 32 clients of real text on the AMX Xeon, the paper size's int8 ran
+# 1.07x faster with it (docs/performance.md, the change table), for ~53 MB more resident memory.
+RAGGED_COPY_BYTES = 64 * 2**20
+
+
+def ragged_graph_bytes(folder: ModelFolder, variant: str) -> int | None:
+    """The size of the variant's ragged step graph file (format 5), None without one: what its session costs."""
+    ragged = folder.variant(variant).decoder_step_ragged
+    return None if ragged is None else folder.manifest.files[ragged.file].bytes
+
+
+def ragged_step(graph_bytes: int | None, settings: Settings) -> bool:
+    """Whether to open the ragged step graph's session (format 5), whose file is `graph_bytes` (None: the folder has
+    none): as set, or when its own copy of the weights is at most RAGGED_COPY_BYTES. Its cross-attention reads each
+    sentence's own source, where the step graph's reads the widest live one: on ragged real text the default model
+    served at 32 clients ran 1.03-1.08x faster with it, the paper size's int8 1.07x."""
+    if graph_bytes is None:
+        return False
+    return settings.ragged_step if settings.ragged_step is not None else graph_bytes <= RAGGED_COPY_BYTES
 
 
 def single_row_rows(cfg: Architecture) -> int:
@@ -397,13 +412,13 @@ def single_row_rows(cfg: Architecture) -> int:
     return 4 if decoder_macs_per_token(cfg) >= SHARED_STEP_MACS else 1
 
 
-def step_graph_options(cfg: Architecture, settings: Settings) -> dict[str, bool | int]:
+def step_graph_options(folder: ModelFolder, variant: str, settings: Settings) -> dict[str, bool | int]:
     """SessionSettings' step-graph fields as the server sets them (open_runtime; bench.engine measures the same):
     the ragged graph (ragged_step), the one-row graph (MT_SINGLE_ROW_STEP) for steps of up to single_row_rows."""
     return {
-        "ragged_step": ragged_step(cfg, settings),
+        "ragged_step": ragged_step(ragged_graph_bytes(folder, variant), settings),
         "single_row_step": settings.single_row_step,
-        "single_row_rows": single_row_rows(cfg),
+        "single_row_rows": single_row_rows(folder.manifest.config),
     }
 
 
@@ -411,9 +426,10 @@ def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
     """The step graphs the model's engine opens, for its start-up line: the step graph, the ragged one (format 5,
     ragged_step), the one-row one (format 6, an int8 variant on CPU, MT_SINGLE_ROW_STEP); for an int8 folder from
     before format 6, the command that adds the one-row graph."""
-    variant = folder.variant(chosen_variant(folder, settings))
+    name = chosen_variant(folder, settings)
+    variant = folder.variant(name)
     graphs = ["step"]
-    if variant.decoder_step_ragged is not None and ragged_step(folder.manifest.config, settings):
+    if ragged_step(ragged_graph_bytes(folder, name), settings):
         graphs.append("ragged")
     wanted = settings.single_row_step and not cuda_present(settings)  # CUDA asked for but absent: the CPU's graphs
     if variant.decoder_step_single is not None and wanted:
@@ -481,9 +497,9 @@ def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:
         intra_op_threads(folder.manifest.config, settings),
         settings.inter_op_threads,
         encoder_threads=settings.encoder_session_threads(),
-        **step_graph_options(folder.manifest.config, settings),
+        **step_graph_options(folder, variant := chosen_variant(folder, settings), settings),
     )
-    return OnnxRuntime(folder, chosen_variant(folder, settings), session)
+    return OnnxRuntime(folder, variant, session)
 
 
 def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) -> list[Translator]:

@@ -39,8 +39,10 @@ from service.translator import (
     intra_op_threads,
     load_translators,
     open_runtime,
+    ragged_graph_bytes,
     ragged_step,
     single_row_rows,
+    step_graph_options,
     step_graphs,
 )
 from tests.fakes import PatientSteps
@@ -135,9 +137,19 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     assert translator.runtime.decoder.get_session_options().intra_op_num_threads == 1
     assert translator.runtime.ragged is not None  # a small decoder: its ragged step graph too
     translator.scheduler.stop()
-    assert ragged_step(shipped, Settings()) and not ragged_step(paper, Settings())  # 5 MB twice, not 53
     assert single_row_rows(shipped) == 1 and single_row_rows(paper) == 4  # weights from memory: a few rows too
-    assert ragged_step(paper, Settings(ragged_step=True)) and not ragged_step(shipped, Settings(ragged_step=False))
+
+
+def test_the_ragged_step_graph_opens_unasked_where_its_copy_of_the_weights_is_small(model_dir: Path) -> None:
+    shipped = load_model_folder(SHIPPED_MODELS / "en-fr", verify_checksums=False)
+    assert ragged_graph_bytes(shipped, "int8") == shipped.manifest.files["decoder_step_ragged.int8.onnx"].bytes
+    int8, fp32 = 53_727_736, 333_371_106  # the paper size's ragged graphs
+    assert ragged_step(ragged_graph_bytes(shipped, "fp32"), Settings()) and ragged_step(int8, Settings())
+    assert not ragged_step(fp32, Settings()) and ragged_step(fp32, Settings(ragged_step=True))  # as set
+    assert not ragged_step(int8, Settings(ragged_step=False)) and not ragged_step(None, Settings(ragged_step=True))
+    folder = load_model_folder(model_dir)
+    assert step_graph_options(folder, "fp32", Settings())["ragged_step"]  # the tiny model's: a few kB
+    assert not step_graph_options(folder, "fp32", Settings(ragged_step=False))["ragged_step"]
 
 
 def env_allocators(session: ort.InferenceSession) -> str | None:
