@@ -3,10 +3,11 @@ matrices (the projections, the FFN and the vocabulary projection), recorded in t
 The graphs' inputs and outputs are unchanged, so the server runs either variant the same way.
 
 The variant also gets the step graph for one row (format 6, `decoder_step_single`): its products are
-MatMulNBits nodes over 8-bit weights quantized in blocks of SINGLE_ROW_BLOCK along K, whose one-row kernel reads
-them faster than DynamicQuantizeMatMul's (a greedy step at batch 1: the default model's graph 233 -> 179 us, the
-paper-size model's 4.7 -> 3.0 ms); from a few rows up it is slower, so the server runs it for one row, or up to
-four on a decoder whose weights stream from memory (service/translator.py, single_row_rows).
+MatMulNBits nodes over 8-bit weights (or 4-bit: SINGLE_ROW_BLOCKS) quantized in blocks along K, whose one-row
+kernel reads them faster than DynamicQuantizeMatMul's (a greedy step at batch 1: the default model's graph 233 ->
+179 us at 8 bits, the paper-size model's 4.7 -> 3.0 ms);
+from a few rows up it is slower, so the server runs it for one row, or up to four on a decoder whose weights
+stream from memory (service/translator.py, single_row_rows).
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ EMBEDDING_TABLES = {
 }
 SHARED_EMBEDDINGS_FILE = "embeddings.int8.bin"
 SINGLE_ROW_FILE = "decoder_step_single.int8.onnx"
-# K-block of the single-row graph's weights, one scale each: ONNX Runtime's usual block; at batch 1 on the default
-# model 32 was 10 % slower, 256 no faster
-SINGLE_ROW_BLOCK = 128
+# The one-row graph's weights: bits -> the K-block of its scales. 8 bits in blocks of 128 by default (ONNX
+# Runtime's usual block; on the AMD EPYC 32 was 10 % slower, 256 no faster). 4 bits in blocks of 32 (`quantize
+# --single-row-bits 4`, the shipped default model's since 2026-12-01): its test set one sentence at a time (int8
+# greedy, one thread, AMX Xeon) 8 bits BLEU / chrF 39.46 / 59.09 at 1,936 tok/s, 4 bits in blocks of 32 39.50 /
+# 59.15 at 2,216-2,264, of 64 39.08 / 58.88 at 2,399, of 128 39.24 / 58.86 at 2,498 (fp32 39.5 / 59.2); its 19
+# products alone at one row 289 -> 196 us. On the tiny test model 4 bits are too coarse (greedy's first tokens
+# matched fp32's in 2 of 8 sentences, against 5+ at 8 bits), hence not the default for every folder.
+SINGLE_ROW_BLOCKS = {8: 128, 4: 32}
 
 
 def int8_name(file_name: str) -> str:
@@ -53,24 +59,27 @@ def quantize_graph(source: Path, target: Path, per_channel: bool, embeddings: bo
     )
 
 
-def blockwise_8bit(weight: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """(K, N) float weights -> MatMulNBits' 8-bit form: (N, K / block, block) uint8 codes (zero point 128, the
-    operator's default for 8 bits; K padded with zeros to whole blocks) and (N * K / block,) float32 scales, one per
-    column and block, each the block's largest magnitude over 127."""
+def blockwise(weight: np.ndarray, block: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(K, N) float weights -> MatMulNBits' form: uint8 codes of `bits` (8 or 4) bits around the operator's default
+    zero point (2^(bits-1), none stored), (N, K / block, block) for 8 bits and two codes a byte, the first in the
+    low nibble, (N, K / block, block / 2) for 4; K padded with zeros to whole blocks. Scales (N * K / block,)
+    float32, one per column and block, each the block's largest magnitude over 2^(bits-1) - 1 (127, 7)."""
     k, n = weight.shape
-    blocks = -(-k // block)
+    blocks, top = -(-k // block), 2 ** (bits - 1) - 1
     padded = np.zeros((blocks * block, n), np.float32)  # (K', N)
     padded[:k] = weight
     by_block = padded.T.reshape(n, blocks, block)  # (N, K' / block, block)
-    scales = np.abs(by_block).max(axis=-1) / 127  # (N, K' / block)
+    scales = np.abs(by_block).max(axis=-1) / top  # (N, K' / block)
     scales[scales == 0] = 1.0  # an all-zero block: any scale gives zeros
-    codes = np.clip(np.round(by_block / scales[..., None]), -127, 127) + 128  # (N, K' / block, block)
-    return codes.astype(np.uint8), scales.astype(np.float32).reshape(-1)
+    codes = (np.clip(np.round(by_block / scales[..., None]), -top, top) + top + 1).astype(np.uint8)  # (N, K'/b, b)
+    if bits == 4:
+        codes = codes[..., 0::2] | (codes[..., 1::2] << 4)  # (N, K' / block, block / 2)
+    return codes, scales.astype(np.float32).reshape(-1)
 
 
-def to_single_row_products(model: onnx.ModelProto, block: int) -> None:
-    """Every MatMul by a constant (K, N) weight becomes a MatMulNBits node over its 8-bit blocks, taking the bias
-    Add that follows it (a constant (N,)) as its own bias input."""
+def to_single_row_products(model: onnx.ModelProto, block: int, bits: int) -> None:
+    """Every MatMul by a constant (K, N) weight becomes a MatMulNBits node over its blocks of `bits`-bit codes
+    (`blockwise`), taking the bias Add that follows it (a constant (N,)) as its own bias input."""
     graph = model.graph
     constants = {t.name: t for t in graph.initializer}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -85,7 +94,7 @@ def to_single_row_products(model: onnx.ModelProto, block: int) -> None:
             nodes.append(node)
             continue
         weight = numpy_helper.to_array(constants[node.input[1]]).astype(np.float32)  # (K, N)
-        codes, scales = blockwise_8bit(weight, block)
+        codes, scales = blockwise(weight, block, bits)
         name = node.input[1]
         graph.initializer.extend(
             [numpy_helper.from_array(codes, f"{name}.q8"), numpy_helper.from_array(scales, f"{name}.s8")]
@@ -95,13 +104,13 @@ def to_single_row_products(model: onnx.ModelProto, block: int) -> None:
         if len(after) == 1 and after[0].op_type == "Add":
             bias = [i for i in after[0].input if i != node.output[0]]
             if len(bias) == 1 and bias[0] in constants and tuple(constants[bias[0]].dims) == (weight.shape[1],):
-                inputs += ["", "", bias[0]]  # no zero points (128), no g_idx
+                inputs += ["", "", bias[0]]  # no zero points (the default), no g_idx
                 outputs = list(after[0].output)
                 taken.add(id(after[0]))
         nodes.append(
             helper.make_node(
                 "MatMulNBits", inputs, outputs, name=f"{node.name or node.output[0]}.nbits",
-                domain=graph_io.CONTRIB_DOMAIN, K=weight.shape[0], N=weight.shape[1], bits=8, block_size=block,
+                domain=graph_io.CONTRIB_DOMAIN, K=weight.shape[0], N=weight.shape[1], bits=bits, block_size=block,
                 accuracy_level=4,  # int8 activations, as DynamicQuantizeMatMul's
             )
         )
@@ -115,7 +124,7 @@ def to_single_row_products(model: onnx.ModelProto, block: int) -> None:
         model.opset_import.append(helper.make_opsetid(graph_io.CONTRIB_DOMAIN, 1))
 
 
-def single_row_graph(source: Path, target: Path, per_channel: bool, embeddings: bool) -> None:
+def single_row_graph(source: Path, target: Path, per_channel: bool, embeddings: bool, bits: int = 8) -> None:
     """The fp32 step graph -> the int8 step graph for one row: its embedding table quantized as in the other int8
     graphs (so that they share it), its products MatMulNBits (to_single_row_products)."""
     if embeddings:
@@ -125,22 +134,26 @@ def single_row_graph(source: Path, target: Path, per_channel: bool, embeddings: 
         )
         source = target
     model = onnx.load(source)
-    to_single_row_products(model, SINGLE_ROW_BLOCK)
+    to_single_row_products(model, SINGLE_ROW_BLOCKS[bits], bits)
     onnx.save(model, target)
 
 
 def add_int8_variant(
-    folder_path: Path, per_channel: bool = True, make_default: bool = False, embeddings: bool = True
+    folder_path: Path,
+    per_channel: bool = True,
+    make_default: bool = False,
+    embeddings: bool = True,
+    single_row_bits: int = 8,
 ) -> dict:
-    """Quantizes the fp32 graphs into *.int8.onnx files, adds the step graph for one row (format 6), and adds
-    variant 'int8' to the manifest."""
+    """Quantizes the fp32 graphs into *.int8.onnx files, adds the step graph for one row (format 6; its weights
+    `single_row_bits` bits: SINGLE_ROW_BLOCKS), and adds variant 'int8' to the manifest."""
     folder, manifest, variant = fp32_copy(folder_path, "int8", "quantize")
     step = folder.file(variant["decoder_step"]["file"])  # fp32
     for graph in variant_graphs(variant):
         name = int8_name(variant[graph]["file"])
         quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings)
         variant[graph]["file"] = name
-    single_row_graph(step, folder_path / SINGLE_ROW_FILE, per_channel, embeddings)
+    single_row_graph(step, folder_path / SINGLE_ROW_FILE, per_channel, embeddings, single_row_bits)
     variant["decoder_step_single"] = {**variant["decoder_step"], "file": SINGLE_ROW_FILE}  # the same inputs, outputs
     manifest["format_version"] = max(manifest["format_version"], graph_io.FORMAT_VERSION)  # a reader of format 6 on
     shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
 from model_export import reference
@@ -37,8 +38,9 @@ OWN_TOLERANCE = {
 # The one-row graph's products are MatMulNBits over 8-bit weights in blocks of 128 along K, a scale per column and
 # block, its activations quantized to int8 per block too (accuracy_level 4): finer than the step graph's weights, but
 # it reads the step graph's own int8 embedding table, so its error is of the same order (tiny model 0.23, default
-# model 0.60), and so is its tolerance.
-SINGLE_ROW_TOLERANCE = 1.0
+# model 0.60), and so is its tolerance. At 4 bits in blocks of 32 (`quantize --single-row-bits 4`) its least likely
+# tokens move more (tiny model 1.58, default model 1.88; the default model's test set scored as at 8 bits).
+SINGLE_ROW_TOLERANCE = {8: 1.0, 4: 2.5}
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,13 @@ def check_tokenizer(folder: ModelFolder, checkpoint: Checkpoint) -> None:
     Tokenizer.from_folder(folder)
 
 
+def single_row_bits(path: Path) -> int:
+    """The bits of the one-row graph's weights (its MatMulNBits nodes' `bits`)."""
+    model = onnx.load(path, load_external_data=False)
+    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    return next(a.i for a in node.attribute if a.name == "bits")
+
+
 def check_graph(
     model: Transformer, runtime: PinnedRuntime, variant: str, graph: str, seed: int, override: float | None = None
 ) -> GraphReport:
@@ -221,7 +230,11 @@ def check_graph(
     runtime.pin(graph)
     diff = float(np.max([teacher_forced_diff(model, runtime, shape, seed + i) for i, shape in enumerate(SHAPES)]))
     precision = runtime.folder.variant(variant).precision
-    tolerance = SINGLE_ROW_TOLERANCE if graph == "decoder_step_single" else OWN_TOLERANCE.get(precision)
+    if graph == "decoder_step_single":
+        single = runtime.folder.variant(variant).decoder_step_single
+        tolerance = SINGLE_ROW_TOLERANCE[single_row_bits(runtime.folder.file(single.file))]
+    else:
+        tolerance = OWN_TOLERANCE.get(precision)
     if tolerance is not None and override is not None:
         tolerance = override
     beams = (1,) if graph == "decoder_step_ragged" else (1, 4)

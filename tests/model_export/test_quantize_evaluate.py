@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from model_export.evaluate import StaticBatches, evaluate, same_placeholders, translate_all
-from model_export.quantize import add_int8_variant, blockwise_8bit
+from model_export.quantize import add_int8_variant, blockwise
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
 from service.errors import ModelFolderError
@@ -103,18 +103,23 @@ def test_static_batches_open_the_graphs_once_and_translate_again_alike(model_dir
     assert again == first == translate_all(model_dir, SENTENCES, "fp32", 1, 4, 1)[0] and tokens_again == tokens
 
 
-def test_blockwise_8bit_codes_reproduce_the_weights_and_run_in_matmulnbits() -> None:
-    """MatMulNBits' 8-bit form: a scale per column and block of K, codes around 128 (its default zero point for 8
-    bits, none stored). K = 200 pads to two blocks of 128; an all-zero column stays zero. The node's one-row
-    product matches numpy's over the dequantized weights, and the fp32 weights within int8's error."""
+@pytest.mark.parametrize(("bits", "block"), [(8, 128), (4, 32)])
+def test_blockwise_codes_reproduce_the_weights_and_run_in_matmulnbits(bits: int, block: int) -> None:
+    """MatMulNBits' form: a scale per column and block of K, codes around its default zero point for `bits` (128,
+    8; none stored), two 4-bit codes a byte, the first in the low nibble. K = 200 pads to whole blocks; an all-zero
+    column stays zero. The node's one-row product matches numpy's over the dequantized weights, and the fp32
+    weights within the codes' error."""
     rng = np.random.default_rng(3)
     weight = rng.standard_normal((200, 24)).astype(np.float32)  # (K, N)
     weight[:, 5] = 0.0
-    codes, scales = blockwise_8bit(weight, 128)
-    assert codes.shape == (24, 2, 128) and codes.dtype == np.uint8 and scales.shape == (48,)
-    dequantized = ((codes.astype(np.float32) - 128) * scales.reshape(24, 2, 1)).reshape(24, 256).T  # (K', N)
+    codes, scales = blockwise(weight, block, bits)
+    blocks, zero = -(-200 // block), 2 ** (bits - 1)
+    assert codes.shape == (24, blocks, block * bits // 8) and codes.dtype == np.uint8 and scales.shape == (24 * blocks,)
+    nibbles = np.stack([codes & 0x0F, codes >> 4], axis=-1)  # (N, blocks, block / 2, 2) the low nibble first
+    codes_each = nibbles.reshape(24, blocks, block) if bits == 4 else codes  # (N, blocks, block)
+    dequantized = ((codes_each.astype(np.float32) - zero) * scales.reshape(24, blocks, 1)).reshape(24, -1).T  # (K', N)
     assert np.all(dequantized[200:] == 0) and np.all(dequantized[:, 5] == 0)
-    half_step = np.repeat(scales.reshape(24, 2), 128, axis=1).T[:200] / 2  # (K, N)
+    half_step = np.repeat(scales.reshape(24, blocks), block, axis=1).T[:200] / 2  # (K, N)
     assert np.all(np.abs(dequantized[:200] - weight) <= half_step + 1e-7)
     bias = rng.standard_normal(24).astype(np.float32)
     node = onnx.helper.make_node(
@@ -124,8 +129,8 @@ def test_blockwise_8bit_codes_reproduce_the_weights_and_run_in_matmulnbits() -> 
         domain="com.microsoft",
         K=200,
         N=24,
-        bits=8,
-        block_size=128,
+        bits=bits,
+        block_size=block,
         accuracy_level=4,
     )
     graph = onnx.helper.make_graph(
@@ -141,8 +146,9 @@ def test_blockwise_8bit_codes_reproduce_the_weights_and_run_in_matmulnbits() -> 
     )
     x = rng.standard_normal((1, 200)).astype(np.float32)
     [got] = session.run(None, {"x": x})
-    np.testing.assert_allclose(got, x @ dequantized[:200] + bias, atol=0.05 * np.abs(x @ weight).max())
-    np.testing.assert_allclose(got, x @ weight + bias, atol=0.05 * np.abs(x @ weight).max())
+    scale = np.abs(x @ weight).max()
+    np.testing.assert_allclose(got, x @ dequantized[:200] + bias, atol=0.05 * scale)
+    np.testing.assert_allclose(got, x @ weight + bias, atol=(0.05 if bits == 8 else 0.2) * scale)
 
 
 def test_the_int8_variant_has_a_step_graph_for_one_row(quantized: Path) -> None:

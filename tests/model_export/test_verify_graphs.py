@@ -141,3 +141,24 @@ def test_more_pieces_than_the_vocabulary_fails(spm_model: bytes, model_dir: Path
     small = tiny_checkpoint(spm_model, src_vocab_size=64, tgt_vocab_size=64)
     with pytest.raises(ModelFolderError, match=r"spm\.model: 96 pieces, more than the model's 64 source ids"):
         verify_folder(folder, small)
+
+
+def test_a_one_row_graph_of_4_bits_is_held_to_its_own_tolerance(
+    model_dir: Path, checkpoint_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`quantize --single-row-bits 4`: the one-row graph's products over 4-bit weights in blocks of 32, the other
+    int8 graphs as at 8 bits; verify reads the bits from the graph and holds it to 4 bits' tolerance (2.5), not to
+    8 bits' (1.0), which it exceeds on the tiny model."""
+    folder = Path(shutil.copytree(model_dir, tmp_path / "q4"))
+    assert main(["quantize", "--model-dir", str(folder), "--single-row-bits", "4"]) == 0
+    single = onnx.load(folder / "decoder_step_single.int8.onnx", load_external_data=False)
+    products = [n for n in single.graph.node if n.op_type == "MatMulNBits"]
+    assert products and all(
+        {a.name: a.i for a in n.attribute if a.name in ("bits", "block_size")} == {"bits": 4, "block_size": 32}
+        for n in products
+    )
+    args = ["verify", "--checkpoint", str(checkpoint_path), "--model-dir", str(folder), "--variant", "int8"]
+    assert main(args) == 0
+    assert "int8 decoder_step_single: " in capsys.readouterr().out
+    assert main([*args, "--tolerance", "1.0"]) == EXIT_BAD_INPUT  # 8 bits' tolerance: too tight for 4
+    assert "int8 decoder_step_single FAILED" in capsys.readouterr().err
