@@ -93,7 +93,12 @@ class Metrics:
             buckets=ROW_BUCKETS,
             registry=r,
         )
-        self.sentences = Counter("mt_sentences_total", "Sentences translated.", ["model"], registry=r)
+        self.sentences = Counter(
+            "mt_sentences_total",
+            "Sentences the decoder finished (one decoded again without its placeholders counts twice).",
+            ["model"],
+            registry=r,
+        )
         self.input_tokens = Counter(
             "mt_input_tokens_total",
             "Source tokens encoded, once per sentence (as it joins a batch).",

@@ -117,3 +117,5 @@ def test_a_sentence_whose_placeholders_did_not_come_back_is_translated_again_as_
         plain.scheduler.stop()
     assert got.texts == expected.texts
     assert (got.input_tokens, got.output_tokens) == (expected.input_tokens, expected.output_tokens)
+    finished = [t.metrics.registry.get_sample_value("mt_sentences_total", {"model": t.name}) for t in (masked, plain)]
+    assert finished == [5.0, 3.0]  # the decoder's work: the two masked sentences twice
