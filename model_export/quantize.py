@@ -5,9 +5,8 @@ The graphs' inputs and outputs are unchanged, so the server runs either variant 
 The variant also gets the step graph for one row (format 6, `decoder_step_single`): its products are
 MatMulNBits nodes over 8-bit weights (or 4-bit: SINGLE_ROW_BLOCKS) quantized in blocks along K, whose one-row
 kernel reads them faster than DynamicQuantizeMatMul's (a greedy step at batch 1: the default model's graph 233 ->
-179 us at 8 bits, the paper-size model's 4.7 -> 3.0 ms);
-from a few rows up it is slower, so the server runs it for one row, or up to four on a decoder whose weights
-stream from memory (service/translator.py, single_row_rows).
+179 us at 8 bits, the paper-size model's 4.7 -> 3.0 ms); from a few rows up it is slower, so the server runs it
+for one row, or up to four on a decoder whose weights stream from memory (service/translator.py, single_row_rows).
 """
 
 from __future__ import annotations
@@ -97,9 +96,9 @@ def to_single_row_products(model: onnx.ModelProto, block: int, bits: int) -> Non
         codes, scales = blockwise(weight, block, bits)
         name = node.input[1]
         graph.initializer.extend(
-            [numpy_helper.from_array(codes, f"{name}.q8"), numpy_helper.from_array(scales, f"{name}.s8")]
+            [numpy_helper.from_array(codes, f"{name}.q{bits}"), numpy_helper.from_array(scales, f"{name}.s{bits}")]
         )
-        inputs, outputs = [node.input[0], f"{name}.q8", f"{name}.s8"], list(node.output)
+        inputs, outputs = [node.input[0], f"{name}.q{bits}", f"{name}.s{bits}"], list(node.output)
         after = readers.get(node.output[0], [])
         if len(after) == 1 and after[0].op_type == "Add":
             bias = [i for i in after[0].input if i != node.output[0]]
