@@ -229,12 +229,11 @@ def check_graph(
     close_decodings."""
     runtime.pin(graph)
     diff = float(np.max([teacher_forced_diff(model, runtime, shape, seed + i) for i, shape in enumerate(SHAPES)]))
-    precision = runtime.folder.variant(variant).precision
+    spec = runtime.folder.variant(variant)
     if graph == "decoder_step_single":
-        single = runtime.folder.variant(variant).decoder_step_single
-        tolerance = SINGLE_ROW_TOLERANCE[single_row_bits(runtime.folder.file(single.file))]
+        tolerance = SINGLE_ROW_TOLERANCE[single_row_bits(runtime.folder.file(spec.decoder_step_single.file))]
     else:
-        tolerance = OWN_TOLERANCE.get(precision)
+        tolerance = OWN_TOLERANCE.get(spec.precision)
     if tolerance is not None and override is not None:
         tolerance = override
     beams = (1,) if graph == "decoder_step_ragged" else (1, 4)
