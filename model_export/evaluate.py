@@ -17,11 +17,17 @@ from tqdm import tqdm
 from model_export.corpus import read_lines
 from model_export.corpus.clean import placeholders
 from model_export.errors import ExportError
-from service.decoding import SearchOptions
+from service.decoding import SearchOptions, output_cap
 from service.engine import TokenRules, decode_batches
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
+from service.settings import Settings
 from service.tokenizer import Tokenizer
+
+# Each sentence's output cap: the server's at its defaults (not the MT_* environment: an evaluation, and the engine
+# bench.server measures beside the server, are the folder's own)
+MAX_OUTPUT_TOKENS = Settings.model_fields["max_output_tokens"].default
+MAX_OUTPUT_RATIO = Settings.model_fields["max_output_ratio"].default
 
 
 @dataclass
@@ -87,6 +93,7 @@ class StaticBatches:
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.target = folder.manifest.target_languages[0]
         self.streams = streams
+        self.max_positions = folder.manifest.config.max_positions
 
     def translate(self, sources: list[str], beam_size: int, batch_size: int) -> tuple[list[str], int, float]:
         """-> (translations, target tokens, seconds of decoding and detokenising)."""
@@ -96,7 +103,8 @@ class StaticBatches:
         order = sorted(range(len(sources)), key=lambda i: -len(encoded[i]))
         size = max(1, batch_size // self.streams)
         batches = [order[start : start + size] for start in range(0, len(order), size)]
-        cap = [min(256, 2 * len(ids) + 10) for ids in encoded]
+        most = min(MAX_OUTPUT_TOKENS, self.max_positions)
+        cap = [output_cap(len(ids), most, MAX_OUTPUT_RATIO) for ids in encoded]
         options = [[SearchOptions(beam_size, cap[i], scored=False) for i in b] for b in batches]  # the texts only
         translations, tokens = [""] * len(sources), 0
         started = time.perf_counter()

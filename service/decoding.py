@@ -27,6 +27,12 @@ class SearchOptions:
     scored: bool = True  # the hypotheses' log-probabilities are read; a greedy search's are NaN without
 
 
+def output_cap(src_len: int, most: int, ratio: float) -> int:
+    """The most tokens a sentence of `src_len` tokens may generate: `ratio` x src_len + 10, never past `most` (the
+    server's MT_MAX_OUTPUT_RATIO and MT_MAX_OUTPUT_TOKENS; the engine measured beside it caps the same way)."""
+    return min(most, int(ratio * src_len) + 10)
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     tokens: tuple[int, ...]  # generated ids, without the decoder start, with EOS if one was generated

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from service import text
-from service.decoding import Hypothesis, SearchOptions
+from service.decoding import Hypothesis, SearchOptions, output_cap
 from service.engine import TokenRules, ends
 from service.engine_process import EngineProcess
 from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, SettingsError, TooLarge
@@ -152,8 +152,8 @@ class Translator:
     def output_cap(self, src_len: int, max_length: int | None = None) -> int:
         """The most tokens a sentence of `src_len` tokens may generate: max_length, MT_MAX_OUTPUT_TOKENS (never
         past the model's positions) and MT_MAX_OUTPUT_RATIO, whichever is least."""
-        cap = min(max_length or self.max_output_tokens, self.max_output_tokens)
-        return min(cap, int(self.settings.max_output_ratio * src_len) + 10)
+        most = min(max_length or self.max_output_tokens, self.max_output_tokens)
+        return output_cap(src_len, most, self.settings.max_output_ratio)
 
     def _check_longest_sentence_fits(self, limits: BatchLimits) -> None:
         """SettingsError when the longest sentence the splitter lets through, with the default beam size and its

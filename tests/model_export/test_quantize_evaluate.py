@@ -8,16 +8,21 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from fastapi.testclient import TestClient
 from onnx import numpy_helper
 
 from model_export.evaluate import StaticBatches, evaluate, same_placeholders, translate_all
+from model_export.export import export_folder
 from model_export.quantize import add_int8_variant, blockwise
-from service.decoding import SearchOptions
+from service.api import create_app
+from service.decoding import SearchOptions, output_cap
 from service.engine import TokenRules, decode_batch
 from service.errors import ModelFolderError
 from service.model_folder import load_model_folder
 from service.runtime import CPU_DISABLED_FUSIONS, OnnxRuntime
-from tests.factories import SENTENCES
+from service.settings import Settings
+from service.tokenizer import Tokenizer
+from tests.factories import SENTENCES, tiny_checkpoint
 
 
 def test_int8_variant_is_listed_checksummed_and_runs_close_to_fp32(quantized: Path) -> None:
@@ -102,6 +107,26 @@ def test_static_batches_open_the_graphs_once_and_translate_again_alike(model_dir
     again, tokens_again, _ = engine.translate(SENTENCES, 1, 4)
     assert again == first == translate_all(model_dir, SENTENCES, "fp32", 1, 4, 1)[0] and tokens_again == tokens
 
+
+
+def test_the_engine_caps_each_sentence_as_the_server_does(spm_model: bytes, tmp_path: Path) -> None:
+    """bench.server measures the engine (StaticBatches) beside the server on the same sentences: each sentence may
+    generate what the server lets it at its defaults (MT_MAX_OUTPUT_RATIO x its tokens + 10, at most
+    MT_MAX_OUTPUT_TOKENS and the model's positions), so both do the same work. A model of 40 positions that never
+    ends a sentence: the short one stops at its ratio cap, the long one (past 40 by its ratio) at the positions,
+    where the engine used to go on to min(256, 2n + 10) and fail."""
+    checkpoint = tiny_checkpoint(spm_model, eos_bias=-50.0, max_positions=40)
+    folder = export_folder(checkpoint, tmp_path / "never-ends", "never-ends", "0.0.1")
+    texts = ["Hi", "open the file and save the document as a copy"]  # one sentence each, as the server splits
+    tokenizer = Tokenizer.from_folder(load_model_folder(folder))
+    lengths = [len(tokenizer.encode(t, "fr")) for t in texts]
+    assert lengths[0] < 15 < lengths[1] < 40  # 2n + 10 within the positions, then past them
+    translations, tokens, _ = translate_all(folder, texts, "fp32", 1, 8, 1)
+    assert tokens == sum(output_cap(n, 40, 2.0) for n in lengths) == 2 * lengths[0] + 10 + 40
+    settings = Settings(models_dir=folder.parent, models=[folder.name], intra_op_threads=1)
+    with TestClient(create_app(settings)) as client:
+        body = client.post("/translate", json={"q": texts, "source": "en", "target": "fr"}).json()
+    assert body["translatedText"] == translations
 
 @pytest.mark.parametrize(("bits", "block"), [(8, 128), (4, 32)])
 def test_blockwise_codes_reproduce_the_weights_and_run_in_matmulnbits(bits: int, block: int) -> None:
