@@ -43,8 +43,19 @@ def cpu_seconds(pid: int) -> float:
 def own_cpu_seconds(pid: int) -> float:
     """CPU time (user and system) that `pid` itself has used so far (not its children), in seconds; 0.0 for a
     process that is gone."""
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def thread_cpu_seconds(native_id: int) -> float:
+    """CPU time (user and system) that one thread of this process has used so far, in seconds; 0.0 once it has
+    ended."""
+    return stat_cpu_seconds(Path(f"/proc/self/task/{native_id}/stat"))
+
+
+def stat_cpu_seconds(stat: Path) -> float:
+    """utime + stime of a /proc stat file (fields 14 and 15 of proc(5), in ticks), in seconds; 0.0 if it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15 of proc(5)), in ticks
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS

@@ -8,27 +8,40 @@ encoder thread, its pass, the step in progress), in the batch.
 
     python -m bench.scheduler                       # the default model, 32 clients, 15 s
     python -m bench.scheduler --clients 8,32,64 --seconds 10
+    python -m bench.scheduler --stages              # and where each thread's CPU time went, per row-step
+
+`--stages` times the runtime's own calls on the threads that make them (`time.thread_time`) over the measured
+window: the step graphs' runs, the rest of each step (binding, the cache's room), the cache's resizes (as rows grow
+past its time axis, as sentences join and leave), the encoder passes; and each thread's whole CPU time from /proc.
+The figures behind docs/performance.md's "The server's gap to the two-stream engine".
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import generate_latest
 
 from bench.machine import describe, headline
+from bench.processes import thread_cpu_seconds
 from bench.server import batch_figures, metric_totals
 from bench.server import sentences as test_sentences
 from service.arguments import description_of, positive_float, positive_int
 from service.decoding import SearchOptions
 from service.engine_process import EngineProcess
+from service.kv_cache import DecoderCache
 from service.metrics import Metrics
 from service.model_folder import load_model_folder
+from service.runtime import OnnxRuntime, StepBinding
 from service.scheduler import Scheduler, SentenceJob, Streams, Ticket
 from service.settings import Settings
 from service.translator import TranslateOptions, Translator, decoder_streams, open_runtime
@@ -77,18 +90,96 @@ class ClosedLoop:
             self._submit()
 
 
+# The calls --stages times: (class, method, stage); a stage's time is the CPU its calls took on their own threads
+TIMED = (
+    (StepBinding, "run", "graphs"),  # a step graph's run in ONNX Runtime
+    (OnnxRuntime, "step", "steps"),  # the whole of the runtime's step: the graph, binding, the cache's room
+    (DecoderCache, "_resize", "resizes"),  # a cache buffer to a new size, in a step or as sentences join and leave
+    (OnnxRuntime, "encode", "encoder"),  # an encoder pass
+)
+
+
+class StageClock:
+    """CPU seconds per stage (TIMED) and rows stepped, summed over the threads that ran them, while installed."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.rows = 0
+        self._lock = threading.Lock()
+
+    def timed(self, method: Callable[..., Any], stage: str) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.seconds[stage] += time.thread_time() - started
+                    if stage == "steps":
+                        self.rows += len(args[1])  # OnnxRuntime.step(self, input_ids, cache, ...): (B,)
+
+        return wrapper
+
+    @contextmanager
+    def installed(self) -> Iterator[StageClock]:
+        originals = [(cls, name, getattr(cls, name)) for cls, name, _ in TIMED]
+        for (cls, name, stage), (_, _, method) in zip(TIMED, originals, strict=True):
+            setattr(cls, name, self.timed(method, stage))
+        try:
+            yield self
+        finally:
+            for cls, name, method in originals:
+                setattr(cls, name, method)
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's Python threads, summed by name (the streams' threads share theirs)."""
+    totals: dict[str, float] = collections.defaultdict(float)
+    for thread in threading.enumerate():
+        if thread.native_id is not None:
+            totals[thread.name] += thread_cpu_seconds(thread.native_id)
+    return totals
+
+
+def print_stages(clock: StageClock, before: dict[str, float], after: dict[str, float], elapsed: float) -> None:
+    """The stages' µs per row-step (a row's one token), and each thread's cores, from a window's StageClock and
+    thread_cpu at its ends."""
+    rows = max(clock.rows, 1)
+    per_row = collections.defaultdict(float, {stage: 1e6 * seconds / rows for stage, seconds in clock.seconds.items()})
+    print(f"stages over {clock.rows:,} row-steps, µs a row-step (CPU on the threads that ran them):")
+    print("| stage | µs a row-step |\n|---|---:|")
+    for label, value in (
+        ("the step graphs (ONNX Runtime's runs)", per_row["graphs"]),
+        ("the rest of the runtime's steps (binding, the cache's room)", per_row["steps"] - per_row["graphs"]),
+        ("cache resizes, in those steps (regrowth) or as sentences join and leave", per_row["resizes"]),
+        ("encoder passes", per_row["encoder"]),
+    ):
+        print(f"| {label} | {value:,.1f} |")
+    for name in sorted(after):
+        cores = (after[name] - before.get(name, 0.0)) / elapsed
+        if cores >= 0.005:
+            print(f"| thread {name}: cores | {cores:.2f} |")
+
+
 def measure(
-    scheduler: Scheduler | Streams, sentences: list[tuple[list[int], SearchOptions]], clients: int, seconds: float
-) -> dict[str, float]:
+    scheduler: Scheduler | Streams,
+    sentences: list[tuple[list[int], SearchOptions]],
+    clients: int,
+    seconds: float,
+    stages: bool = False,
+) -> dict[str, Any]:
+    """The window's figures; with `stages`, also "stages": (StageClock, thread_cpu before, after, seconds)."""
     registry = (scheduler.first if isinstance(scheduler, Streams) else scheduler).metrics.registry
     loop = ClosedLoop(scheduler, sentences, clients)
     loop.start()
     time.sleep(min(2.0, seconds / 4))  # warm-up at this concurrency
-    (sentences, tokens), cpu, started = loop.counts(), time.process_time(), time.perf_counter()
-    before = metric_totals(generate_latest(registry).decode())
-    time.sleep(seconds)
-    (sentences2, tokens2), cpu2, elapsed = loop.counts(), time.process_time(), time.perf_counter() - started
-    after = metric_totals(generate_latest(registry).decode())
+    clock = StageClock()
+    with clock.installed() if stages else nullcontext():
+        (sentences, tokens), cpu, started = loop.counts(), time.process_time(), time.perf_counter()
+        threads, before = thread_cpu(), metric_totals(generate_latest(registry).decode())
+        time.sleep(seconds)
+        (sentences2, tokens2), cpu2, elapsed = loop.counts(), time.process_time(), time.perf_counter() - started
+        threads2, after = thread_cpu(), metric_totals(generate_latest(registry).decode())
     loop.stop()
     while not scheduler.idle:
         time.sleep(0.01)
@@ -101,6 +192,7 @@ def measure(
         "tokens_per_s": generated / elapsed,
         "cpu_us_per_token": (cpu2 - cpu) / max(generated, 1) * 1e6,
         **batch_figures(before, after),  # rows per step; queue, join, decoding ms (server: nan, no HTTP here)
+        **({"stages": (clock, threads, threads2, elapsed)} if stages else {}),
     }
 
 
@@ -111,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="32")
     parser.add_argument("--seconds", type=positive_float, default=15.0)
     parser.add_argument("--sentences", type=positive_int, help="the test set's first N (default: all of it)")
+    parser.add_argument("--stages", action="store_true", help="print where each thread's CPU time went, per row-step")
     args = parser.parse_args(argv)
     print(headline(describe()), flush=True)
     settings = Settings()
@@ -129,14 +222,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{decoder_streams(folder.manifest.config, settings)} stream(s), providers {runtime.providers[0]}")
     print("| clients | sentences/s | target tok/s | CPU µs per target token | rows per step | queue ms "
           "| to first step ms | decoding ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|")
+    staged = []
     try:
         for clients in (int(c) for c in args.clients.split(",")):
-            row = measure(scheduler, sentences, clients, args.seconds)
+            row = measure(scheduler, sentences, clients, args.seconds, args.stages)
             print(f"| {clients} | {row['sentences_per_s']:,.1f} | {row['tokens_per_s']:,.0f} | "
                   f"{row['cpu_us_per_token']:,.1f} | {row['rows_per_step']:.1f} | {row['queue_ms']:.1f} "
                   f"| {row['join_ms']:.1f} | {row['decoding_ms']:.1f} |", flush=True)
+            staged += [(clients, row["stages"])] if args.stages else []
     finally:
         scheduler.stop(5.0)
+    for clients, stages in staged:
+        print(f"\n{clients} clients, ", end="")
+        print_stages(*stages)
     return 0
 
 

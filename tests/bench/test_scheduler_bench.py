@@ -25,3 +25,24 @@ def test_closed_loop_clients_keep_the_scheduler_busy_and_it_reports_their_tokens
         rows_per_step, queue, to_first_step, decoding = (float(v) for v in rest.split(" | "))
         assert 0 < rows_per_step <= int(clients)  # one row a sentence (greedy), at most a sentence a client
         assert queue >= 0 and to_first_step > 0 and decoding > 0  # every sentence timed at each stage
+
+
+def test_stages_say_where_the_threads_time_went_per_row_step(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--stages: the step graphs, the rest of the steps, the cache's resizes and the encoder passes, in µs a row-step
+    over the rows the window stepped, and the threads' cores; the timed methods are the classes' own again after."""
+    originals = [getattr(cls, name) for cls, name, _ in scheduler.TIMED]
+    monkeypatch.setenv("MT_VARIANT", "fp32")
+    (tmp_path / "test.en").write_text("the cat sat on the mat\nhello world\na longer sentence for the model\n")
+    args = ["--model", str(model_dir), "--corpus", str(tmp_path), "--clients", "3", "--seconds", "0.5", "--stages"]
+    assert scheduler.main(args) == 0
+    out = capsys.readouterr().out
+    steps = re.search(r"^3 clients, stages over ([\d,]+) row-steps", out, re.MULTILINE)
+    assert steps and int(steps[1].replace(",", "")) > 0
+    stages = dict(re.findall(r"^\| ([^|]+?) \| ([\d,.]+) \|$", out, re.MULTILINE))
+    graphs = float(stages["the step graphs (ONNX Runtime's runs)"].replace(",", ""))
+    assert graphs > 0 and float(stages["encoder passes"].replace(",", "")) > 0
+    assert float(stages["the rest of the runtime's steps (binding, the cache's room)"].replace(",", "")) >= 0
+    assert any(name.startswith("thread scheduler-") for name in stages)
+    assert [getattr(cls, name) for cls, name, _ in scheduler.TIMED] == originals
