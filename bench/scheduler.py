@@ -115,8 +115,8 @@ class StageClock:
             finally:
                 with self._lock:
                     self.seconds[stage] += time.thread_time() - started
-                    if stage == "steps":
-                        self.rows += len(args[1])  # OnnxRuntime.step(self, input_ids, cache, ...): (B,)
+                    if stage == "steps":  # OnnxRuntime.step(self, input_ids, cache, ...): input_ids (B,)
+                        self.rows += len(args[1] if len(args) > 1 else kwargs["input_ids"])
 
         return wrapper
 
