@@ -93,7 +93,7 @@ class StaticBatches:
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.target = folder.manifest.target_languages[0]
         self.streams = streams
-        self.max_positions = folder.manifest.config.max_positions
+        self.most_output = min(MAX_OUTPUT_TOKENS, folder.manifest.config.max_positions)  # never past its positions
 
     def translate(self, sources: list[str], beam_size: int, batch_size: int) -> tuple[list[str], int, float]:
         """-> (translations, target tokens, seconds of decoding and detokenising)."""
@@ -103,8 +103,7 @@ class StaticBatches:
         order = sorted(range(len(sources)), key=lambda i: -len(encoded[i]))
         size = max(1, batch_size // self.streams)
         batches = [order[start : start + size] for start in range(0, len(order), size)]
-        most = min(MAX_OUTPUT_TOKENS, self.max_positions)
-        cap = [output_cap(len(ids), most, MAX_OUTPUT_RATIO) for ids in encoded]
+        cap = [output_cap(len(ids), self.most_output, MAX_OUTPUT_RATIO) for ids in encoded]
         options = [[SearchOptions(beam_size, cap[i], scored=False) for i in b] for b in batches]  # the texts only
         translations, tokens = [""] * len(sources), 0
         started = time.perf_counter()
