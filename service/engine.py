@@ -151,6 +151,7 @@ def decode_batch(
     memory = runtime.encode(src_ids, src_mask)  # keys and values (L, b, H, S, Dh)
     cache = runtime.new_cache()
     cache.add(memory.keys, memory.values, src_mask)
+    cache.most_steps = max(o.max_new_tokens for o in options)  # its time axis grows no further
     del memory  # the cache holds its own copy
     searches = [new_search(rules.decoder_start_id, rules.eos_id, o) for o in options]
     live = list(searches)

@@ -76,6 +76,7 @@ class DecoderCache:
         self._in_order = True  # row i is sentence i's one row (greedy rows; any search's first step): see refill
         self._vacant = np.zeros(0, np.int64)  # places refill left for joining sentences, which `add` fills first
         self.bound: Any = None  # a runtime's binding of the arrays a step is given (service/runtime.py); see _changed
+        self.most_steps: int | None = None  # the most steps any live row's search may take: the time axis's ceiling
 
     @property
     def rows(self) -> int:
@@ -333,7 +334,7 @@ class DecoderCache:
             raise RuntimeError(f"{self._vacant.size} places left for joining sentences were not filled")
         longest = int(self.lengths.max()) if self.rows else 0
         if longest >= self.capacity:
-            self._resize_time(("self_keys", "self_values"), fitted_capacity(longest + 1))
+            self._resize_time(("self_keys", "self_values"), fitted_capacity(longest + 1, self.most_steps))
         return longest
 
     def advance(self) -> None:
@@ -358,7 +359,7 @@ class DecoderCache:
         axis's room costs memory alone, while each regrowth copies every live row: shrinking it at a half rather
         than a quarter, a server at 32 clients resized it twice as often (most of the cache's 4 % of a step's
         time). A readier shrink still (at a third) had made that server 5 % slower."""
-        capacity = fitted_capacity(int(self.lengths.max(initial=0)) + 1)
+        capacity = fitted_capacity(int(self.lengths.max(initial=0)) + 1, self.most_steps)
         if 4 * capacity <= self.capacity:
             self._resize_time(("self_keys", "self_values"), capacity)
         used = np.flatnonzero(self.src_mask.any(axis=0))  # (S',) source positions some live sentence has
@@ -422,11 +423,14 @@ def resized(layer: Any, rows: int, time: int, live: int, xp: ArrayModule = np, z
     return out
 
 
-def fitted_capacity(slots: int) -> int:
-    """Room for `slots` time slots and a quarter as many again, in whole multiples of MIN_CAPACITY: a growth
-    copies the buffer once, and the room is memory that every row holds (self-attention reads only the written
-    slots)."""
-    return -(-(slots + slots // 4) // MIN_CAPACITY) * MIN_CAPACITY
+def fitted_capacity(slots: int, most: int | None = None) -> int:
+    """Room for `slots` time slots and a quarter as many again, in whole multiples of MIN_CAPACITY, but not past
+    `most` (the most steps any row's search may take; None: no ceiling) unless `slots` is more: a growth copies the
+    buffer once, and the room is memory that every row holds (self-attention reads only the written slots), which
+    past the searches' ceiling no row would ever write (the paper-size model's longest test sentence, capped at 398
+    tokens: 398 slots, not 464)."""
+    room = -(-(slots + slots // 4) // MIN_CAPACITY) * MIN_CAPACITY
+    return room if most is None else min(room, max(most, slots))
 
 
 def widen_mask(mask: np.ndarray, width: int) -> np.ndarray:

@@ -636,6 +636,7 @@ class Scheduler:
         searches = [r.search for r in self.active]
         greedy = greedy_rows(searches)  # row i search i's (before the step: a search that finishes is done)
         input_ids = last_tokens(searches)  # (B,)
+        self.cache.most_steps = max(r.job.options.max_new_tokens for r in self.active)  # the time axis's ceiling
         try:
             out = self.runtime.step(
                 input_ids,

@@ -242,16 +242,22 @@ def test_the_time_axis_keeps_its_room_until_a_quarter_of_it_would_do() -> None:
     assert np.shares_memory(cache.self_keys[0], buffer[0])
 
 
-def test_capacity_grows_by_a_quarter_in_whole_blocks() -> None:
+def test_capacity_grows_by_a_quarter_in_whole_blocks_up_to_the_searches_ceiling() -> None:
     assert [fitted_capacity(n) for n in (1, 16, 17, 33, 65, 129, 200)] == [16, 32, 32, 48, 96, 176, 256]
-    cache = DecoderCache(n_layers=1, n_heads=1, head_dim=2)
-    cache.add(np.zeros((1, 1, 1, 3, 2), np.float32), np.zeros((1, 1, 1, 3, 2), np.float32), np.ones((1, 3), np.bool_))
-    seen = []
-    for t in range(100):
-        append(cache, np.full((1, 1, 1, 2), t, np.float32), np.zeros((1, 1, 1, 2), np.float32))
-        seen.append(cache.capacity)
-    assert sorted(set(seen)) == [16, 32, 48, 64, 96, 128]
-    assert stacked(cache.self_keys)[0, 0, 0, :100, 0].tolist() == list(range(100))  # every growth kept them
+    assert [fitted_capacity(n, most=40) for n in (1, 17, 33, 40, 41)] == [16, 32, 40, 40, 41]  # never below n
+    seen = {}
+    for most in (None, 90, 40):
+        cache = DecoderCache(n_layers=1, n_heads=1, head_dim=2)
+        cache.most_steps = most
+        source = np.zeros((1, 1, 1, 3, 2), np.float32)  # (L, b, H, S, Dh)
+        cache.add(source, source, np.ones((1, 3), np.bool_))
+        seen[most] = []
+        for t in range(most or 100):  # a search of `most` steps
+            append(cache, np.full((1, 1, 1, 2), t, np.float32), np.zeros((1, 1, 1, 2), np.float32))
+            seen[most].append(cache.capacity)
+        assert stacked(cache.self_keys)[0, 0, 0, : t + 1, 0].tolist() == list(range(t + 1))  # every growth kept them
+    assert sorted(set(seen[None])) == [16, 32, 48, 64, 96, 128]
+    assert sorted(set(seen[90])) == [16, 32, 48, 64, 90] and sorted(set(seen[40])) == [16, 32, 40]
 
 
 def test_a_float16_cache_keeps_its_dtype_through_joins_reorders_and_growth() -> None:

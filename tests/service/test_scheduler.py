@@ -542,6 +542,38 @@ def test_steps_of_greedy_rows_that_ask_no_scores_skip_the_log_softmax() -> None:
     assert all(np.isnan(r[0].score) for r in first.results) and np.isfinite(beam.results[0][0].score)
 
 
+def recording_capacity(runtime: FakeRuntime) -> list[tuple[int | None, int]]:
+    """Each step's cache ceiling (most_steps) and time axis (capacity), as the runtime stepped it."""
+    seen: list[tuple[int | None, int]] = []
+    step = runtime.step
+
+    def recording(input_ids: np.ndarray, cache: DecoderCache, **kwargs: object) -> object:
+        out = step(input_ids, cache, **kwargs)  # type: ignore[arg-type]
+        seen.append((cache.most_steps, cache.capacity))
+        return out
+
+    runtime.step = recording  # type: ignore[method-assign]
+    return seen
+
+
+def test_the_caches_time_axis_grows_no_further_than_its_live_searches_can_write() -> None:
+    """A step's ceiling is the most steps a live sentence may take: grown by a quarter at 33 slots, the time axis would
+    hold 48 where sentences of at most 40 tokens write 40; continuous batching and static batches alike."""
+    forced = [SearchOptions(max_new_tokens=n, min_new_tokens=n) for n in (40, 20)]
+    scheduler, runtime, _ = make()
+    seen = recording_capacity(runtime)
+    tickets = [submit(scheduler, sources(1, seed=40 + i), options) for i, options in enumerate(forced)]
+    drain(scheduler)
+    assert [len(t.results[0][0].tokens) for t in tickets] == [40, 20]
+    assert [most for most, _ in seen] == [40] * 40  # the longer one joined first and ran throughout
+    assert max(capacity for _, capacity in seen) == 40
+    runtime = FakeRuntime()
+    seen = recording_capacity(runtime)
+    results = decode_batch(runtime, sources(2, seed=42), forced, RULES)
+    assert [len(r[0].tokens) for r in results] == [40, 20] and {most for most, _ in seen} == {40}
+    assert [capacity for _, capacity in seen] == [16] * 16 + [32] * 16 + [40] * 8
+
+
 def streams(count: int = 2, limits: BatchLimits | None = None) -> tuple[Streams, FakeRuntime]:
     runtime = FakeRuntime()
     group = new_scheduler(runtime, RULES, limits or BatchLimits(), Metrics(), "fake", count, clock=Clock())
