@@ -23,10 +23,19 @@ Cross-attention reads every source position of its buffers at every step (self-a
 row's written slots), so the source axis gives back room when the sentences that needed it leave, and the time
 axis gives back memory: a server whose one long sentence has finished must not attend over its 80 source
 positions for every short sentence after it.
+
+Host self-attention buffers can instead be `reserve`d: their time axis as long as any row can ever grow (the model's
+positions), as address space whose pages the kernel supplies when a row first writes them (4 KB pages, no
+transparent huge pages), so that the time axis never grows: no row's steps are copied into a longer buffer, nor its
+fresh pages faulted all at once (a server at 32 clients of the paper-size model spent 4 % of its decoding threads'
+time in those regrowths). Each row holds the pages of the slots it and the rows before it in its place wrote; when
+a quarter of what the rows wrote would hold the longest live row, the pages past it go back to the kernel
+(`release`), where a growing buffer would have shrunk.
 """
 
 from __future__ import annotations
 
+import mmap
 from types import ModuleType
 from typing import Any
 
@@ -54,18 +63,22 @@ class DecoderCache:
         dtype: str = "float32",
         xp: ArrayModule = np,
         bound_copies: bool = False,
+        reserve: int | None = None,
     ) -> None:
         """`dtype`: the graphs' cache dtype (float16 for the fp16 variant); `xp`: the module the four buffers live
         in, numpy (host memory) or CuPy (GPU memory, for a step graph that runs on CUDA). The small per-row index
         arrays are numpy either way: the runtime binds them as host inputs. `bound_copies`: a runtime's binding
         holds copies of the host arrays, made when they were bound (ONNX Runtime on CUDA), so that an array changed
-        in place (a newcomer written into a finished row's place) drops it too."""
+        in place (a newcomer written into a finished row's place) drops it too. `reserve`: host self-attention
+        buffers of that many time slots, as address space (see the module's docstring); None: grown as rows need."""
         self.n_layers, self.n_heads, self.head_dim, self.xp = n_layers, n_heads, head_dim, xp
         self.bound_copies = bound_copies
+        self.reserved = reserve is not None and xp is np
+        self._written = 0  # slots the rows have written since the last release (reserved buffers)
+        time = reserve if self.reserved else MIN_CAPACITY
         self._store = {  # per layer (R, H, T, Dh) for rows, (R', H, S, Dh) for sentences; past the live ones: free
             name: [
-                xp.zeros((0, n_heads, MIN_CAPACITY if name.startswith("self") else 1, head_dim), dtype)
-                for _ in range(n_layers)
+                xp.zeros((0, n_heads, time if name.startswith("self") else 1, head_dim), dtype) for _ in range(n_layers)
             ]
             for name in BUFFERS
         }
@@ -335,6 +348,7 @@ class DecoderCache:
         longest = int(self.lengths.max()) if self.rows else 0
         if longest >= self.capacity:
             self._resize_time(("self_keys", "self_values"), fitted_capacity(longest + 1, self.most_steps))
+        self._written = max(self._written, longest + 1)
         return longest
 
     def advance(self) -> None:
@@ -360,7 +374,12 @@ class DecoderCache:
         than a quarter, a server at 32 clients resized it twice as often (most of the cache's 4 % of a step's
         time). A readier shrink still (at a third) had made that server 5 % slower."""
         capacity = fitted_capacity(int(self.lengths.max(initial=0)) + 1, self.most_steps)
-        if 4 * capacity <= self.capacity:
+        if self.reserved and 4 * capacity <= self._written:
+            for name in ("self_keys", "self_values"):
+                for layer in self._store[name]:
+                    release(layer, capacity)
+            self._written = capacity
+        elif not self.reserved and 4 * capacity <= self.capacity:
             self._resize_time(("self_keys", "self_values"), capacity)
         used = np.flatnonzero(self.src_mask.any(axis=0))  # (S',) source positions some live sentence has
         width = int(used[-1]) + 1 if used.size else 1
@@ -377,8 +396,13 @@ class DecoderCache:
         its rows are copied."""
         store, live = self._store[name], self.rows if name.startswith("self") else self.sentences
         self._changed()
-        for i in range(len(store)):  # self-attention reads only written slots; cross-attention every source position
-            store[i] = resized(store[i], rows, time, live, self.xp, zeroed=name.startswith("cross"))
+        if name.startswith("self"):  # self-attention reads only written slots: those alone are copied
+            written, lazy = int(self.lengths.max(initial=0)), self.reserved
+            for i in range(len(store)):
+                store[i] = resized(store[i], rows, time, live, self.xp, zeroed=False, written=written, lazy=lazy)
+            return
+        for i in range(len(store)):  # cross-attention reads every source position
+            store[i] = resized(store[i], rows, time, live, self.xp)
 
     def _changed(self) -> None:
         """The arrays a step is given (the buffers' live rows, lengths, src_mask, the groups) are about to be
@@ -410,17 +434,60 @@ def group_rows(sentence: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return sentence_rows.reshape(n, group), row_slots
 
 
-def resized(layer: Any, rows: int, time: int, live: int, xp: ArrayModule = np, zeroed: bool = True) -> Any:
-    """(R, H, T, Dh) -> (rows, H, time, Dh): the first `live` rows' first min(T, time) slots kept; zeros elsewhere,
-    or (not `zeroed`) whatever the memory held: for buffers whose other slots nobody reads (self-attention reads
-    each row's written slots only, tests/service/test_runtime.py), where zeroing took a third of a regrowth.
+def resized(
+    layer: Any,
+    rows: int,
+    time: int,
+    live: int,
+    xp: ArrayModule = np,
+    zeroed: bool = True,
+    written: int | None = None,
+    lazy: bool = False,
+) -> Any:
+    """(R, H, T, Dh) -> (rows, H, time, Dh): the first `live` rows' first min(T, time, `written`) slots kept; zeros
+    elsewhere, or (not `zeroed`) whatever the memory held: for buffers whose other slots nobody reads (self-attention
+    reads each row's written slots only, tests/service/test_runtime.py), where zeroing took a third of a regrowth.
     Cross-attention weighs masked source positions by exactly zero, and zero times NaN is NaN: its buffers are
-    zeroed. `layer`: a numpy or CuPy array (xp's)."""
+    zeroed. `lazy`: a host buffer whose pages come as they are written (`lazy_zeros`). `layer`: a numpy or CuPy
+    array (xp's)."""
     shape = (rows, layer.shape[1], time, layer.shape[3])
-    out = xp.zeros(shape, layer.dtype) if zeroed else xp.empty(shape, layer.dtype)  # (rows, H, time, Dh)
-    kept = min(time, layer.shape[TIME_AXIS])
+    if lazy:
+        out = lazy_zeros(shape, layer.dtype)  # (rows, H, time, Dh)
+    else:
+        out = xp.zeros(shape, layer.dtype) if zeroed else xp.empty(shape, layer.dtype)  # (rows, H, time, Dh)
+    kept = min(time, layer.shape[TIME_AXIS], layer.shape[TIME_AXIS] if written is None else written)
     out[:live, :, :kept] = layer[:live, :, :kept]  # (live, H, kept, Dh)
     return out
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A zeroed host array as address space: private anonymous memory, each 4 KB page supplied by the kernel when it
+    is first written. Transparent huge pages are turned off for it: with them, a row's first write into a (row, head)
+    block would make a whole 2 MB resident (numpy asks for huge pages for its arrays from 4 MB)."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if not size or not hasattr(mmap, "MAP_ANONYMOUS"):  # (not a POSIX system: its allocator's pages, as they come)
+        return np.zeros(shape, dtype)
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, dtype).reshape(shape)
+
+
+def release(layer: np.ndarray, keep: int) -> None:
+    """Give the kernel back the whole pages of each (row, head) block of a `lazy_zeros` buffer (R, H, T, Dh) past its
+    first `keep` slots; they read as zeros after. One call per block: R x H calls (30 x 8 per layer, ~1 us each)."""
+    memory = layer.base
+    while memory is not None and not isinstance(memory, mmap.mmap):  # arrays' bases, then np.frombuffer's view
+        memory = memory.obj if isinstance(memory, memoryview) else memory.base
+    if memory is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return  # not lazily allocated: its pages are the allocator's
+    page = mmap.PAGESIZE
+    block = layer.shape[TIME_AXIS] * layer.shape[3] * layer.itemsize  # bytes of one (row, head)'s slots
+    first = keep * layer.shape[3] * layer.itemsize  # bytes kept of each
+    for start in range(0, layer.shape[0] * layer.shape[1] * block, block):
+        begin, end = -(-(start + first) // page) * page, (start + block) // page * page
+        if end > begin:
+            memory.madvise(mmap.MADV_DONTNEED, begin, end - begin)
 
 
 def fitted_capacity(slots: int, most: int | None = None) -> int:

@@ -408,10 +408,16 @@ class OnnxRuntime:
         self._dec_log_softmax = dec.one("log_softmax") if dec.named("log_softmax") else None  # format 8, not fp16
         self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
         self.gpu = gpu_array_module(self.providers, self.cache_dtype, self._dec_lengths is not None, folder.path)
+        self._reserve = cfg.max_positions if self.providers == ["CPUExecutionProvider"] else None  # see new_cache
 
     def new_cache(self) -> DecoderCache:
+        """On the CPU provider the cache reserves its self-attention's time axis, as long as the model's positions,
+        as address space (service/kv_cache.py: no regrowths); a cache beside CUDA nodes grows it as rows need (a host
+        cache bound to them is copied when it is bound, and the reservation was measured on the CPU only)."""
         xp = self.gpu or np
-        return DecoderCache(self.n_layers, self.n_heads, self.head_dim, self.cache_dtype, xp, self._rebind_host_inputs)
+        return DecoderCache(
+            self.n_layers, self.n_heads, self.head_dim, self.cache_dtype, xp, self._rebind_host_inputs, self._reserve
+        )
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
         outputs = self.encoder.run(self._enc_out, dict(zip(self._enc_in, (src_ids, src_mask), strict=True)))

@@ -50,11 +50,15 @@ def unwritten_cache_slots_hold_nan(monkeypatch: pytest.MonkeyPatch) -> None:
     stays, often zeros. Every test sees NaN there instead, so that no result, and no test, leans on them."""
     original = kv_cache.resized
 
-    def poisoned(layer: Any, rows: int, time: int, live: int, xp: Any = np, zeroed: bool = True) -> Any:
-        out = original(layer, rows, time, live, xp, zeroed)
+    def poisoned(
+        layer: Any, rows: int, time: int, live: int, xp: Any = np, zeroed: bool = True, written: int | None = None,
+        lazy: bool = False,
+    ) -> Any:
+        out = original(layer, rows, time, live, xp, zeroed, written, lazy)
         if not zeroed and np.issubdtype(out.dtype, np.floating):
+            kept = min(time, layer.shape[kv_cache.TIME_AXIS], time if written is None else written)
             out[live:] = np.nan  # (rows - live, H, time, Dh)
-            out[:live, :, min(time, layer.shape[kv_cache.TIME_AXIS]) :] = np.nan  # (live, H, new slots, Dh)
+            out[:live, :, kept:] = np.nan  # (live, H, slots not copied, Dh)
         return out
 
     monkeypatch.setattr(kv_cache, "resized", poisoned)

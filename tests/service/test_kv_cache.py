@@ -1,3 +1,6 @@
+import mmap
+import os
+
 import numpy as np
 import pytest
 
@@ -544,3 +547,85 @@ def test_refilling_greedy_rows_keeps_every_sentence_as_selecting_then_joining_do
             assert np.array_equal(
                 stacked(one.cross_values)[:, a, :, :width], stacked(other.cross_values)[:, b, :, :width]
             )
+
+
+def test_a_reserved_cache_keeps_every_row_as_a_growing_one_does_through_joins_beams_and_leaves() -> None:
+    """The same random joins, steps and selections (rows finishing, beams repeating rows) on a cache that grows its
+    time axis and on one that reserves it: every row's written slots, source and sentence agree after each."""
+    rng = np.random.default_rng(7)
+    caches = [DecoderCache(n_layers=2, n_heads=3, head_dim=4, reserve=reserve) for reserve in (None, 96)]
+    fill = 0.0
+    for op in range(160):
+        roll = rng.random()
+        if not caches[0].rows or roll < 0.15:  # sentences join
+            keys, values, mask = memory(int(rng.integers(1, 4)), int(rng.integers(2, 9)), fill)
+            for cache in caches:
+                cache.add(keys, values, mask)
+        elif roll < 0.3:  # rows finish, or beams repeat and reorder rows
+            rows = np.sort(rng.choice(caches[0].rows, int(rng.integers(1, caches[0].rows + 2)), replace=True))
+            for cache in caches:
+                cache.select(rows)
+        else:
+            new = fill + np.arange(caches[0].rows, dtype=np.float32)[None, :, None, None]  # (1, B, 1, 1) per row
+            for cache in caches:
+                append(cache, step(cache.rows, 0.0) + new, step(cache.rows, 1.0) + new)
+        fill += 100.0
+        grown, reserved = caches
+        assert grown.lengths.tolist() == reserved.lengths.tolist()
+        assert grown.sentence.tolist() == reserved.sentence.tolist()
+        assert np.array_equal(grown.src_mask, reserved.src_mask)
+        assert np.array_equal(stacked(grown.cross_keys), stacked(reserved.cross_keys))
+        for row, length in enumerate(grown.lengths.tolist()):
+            for name in ("self_keys", "self_values"):
+                written = [stacked(getattr(c, name))[:, row, :, :length] for c in caches]  # (L, H, length, Dh)
+                assert np.array_equal(*written), (op, row, name)
+    assert reserved.capacity == 96 and max(grown.lengths) > MIN_CAPACITY  # the growing one grew, the other never
+
+
+def resident(array: np.ndarray) -> tuple[int, int]:
+    """`array`'s resident bytes (its pages present, from /proc/self/pagemap), and the bytes in transparent huge pages
+    of the memory mappings that hold it (from /proc/self/smaps)."""
+    start, page = array.__array_interface__["data"][0], mmap.PAGESIZE
+    first, last = start // page, (start + array.nbytes - 1) // page
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = np.frombuffer(pagemap.read((last - first + 1) * 8), np.uint64)  # (pages,) bit 63: present
+    huge, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if not head.endswith(":"):  # a mapping's first line: start-end perms offset device inode path
+                low, high = (int(x, 16) for x in head.split("-"))
+                inside = low < start + array.nbytes and start < high
+            elif inside and head == "AnonHugePages:":
+                huge += int(line.split()[1]) * 1024  # kB
+    return int((entries >> np.uint64(63)).sum()) * page, huge
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="reads the mapping's resident memory from /proc")
+def test_a_reserved_time_axis_is_address_space_until_rows_write_it_and_goes_back_when_they_leave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2,048 slots reserved for 4 rows of 2 heads (4 MB a layer's keys): 10 steps make a page of each (row, head)
+    resident, no huge pages, and no step copies a row into a longer buffer. A 600-step row that leaves gives its pages
+    back; what the rows that stay wrote stays."""
+    monkeypatch.undo()  # the buffers' unwritten slots as they come (tests/conftest.py would fill them with NaN)
+    cache = DecoderCache(n_layers=1, n_heads=2, head_dim=64, reserve=2048)
+    source = np.ones((1, 1, 2, 5, 64), np.float32)  # (L, b, H, S, Dh)
+    cache.add(source, source, np.ones((1, 5), np.bool_))
+    for t in range(600):
+        append(cache, np.full((1, 1, 2, 64), t, np.float32), np.full((1, 1, 2, 64), t, np.float32))
+    three = np.ones((1, 3, 2, 5, 64), np.float32)
+    cache.add(three, three, np.ones((3, 5), np.bool_))
+    buffer = cache.self_keys[0]
+    for t in range(10):
+        append(cache, np.full((1, 4, 2, 64), 1000 + t, np.float32), np.zeros((1, 4, 2, 64), np.float32))
+    assert cache.capacity == 2048 and np.shares_memory(cache.self_keys[0], buffer)
+    before, huge = resident(cache.self_keys[0])
+    assert huge == 0 and before <= 2 * (610 * 64 * 4 + 6 * 4096)  # 2 heads of the long row's 610 slots, a page more
+    cache.select(np.array([1, 2, 3]))  # the long row finished: 16 slots would do, a quarter of 611 written
+    assert cache.lengths.tolist() == [10, 10, 10]
+    after, huge = resident(cache.self_keys[0])
+    assert after <= 6 * 4096 < before // 10  # a page for each (row, head) that stays
+    assert (cache.self_keys[0][:3, :, :10, 0] == np.arange(1000, 1010)).all()  # what they wrote, kept
+    assert (buffer[0, :, 16:610] == 0).all()  # the long row's slots past 16, given back, read as zeros

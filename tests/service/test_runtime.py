@@ -194,12 +194,17 @@ def test_available_cores_follow_a_cgroup_cpu_quota(tmp_path: Path) -> None:
     assert available_cores(tmp_path / "v1") == cores
 
 
-def test_a_kept_binding_steps_as_a_fresh_one_through_joins_beams_leaves_and_growth(model_dir: Path) -> None:
+@pytest.mark.parametrize("reserved", [True, False], ids=["reserved", "growing"])
+def test_a_kept_binding_steps_as_a_fresh_one_through_joins_beams_leaves_and_growth(
+    model_dir: Path, reserved: bool
+) -> None:
     """The runtime binds a cache's arrays once per layout and reuses the binding: every step must give what a
     binding made for that step alone gives (two caches in turn, sentences joining, beams reordering, rows leaving,
-    the time axis growing)."""
+    a growing time axis growing)."""
     folder = load_model_folder(model_dir)
     kept, fresh = OnnxRuntime(folder, "fp32"), OnnxRuntime(folder, "fp32")
+    if not reserved:
+        kept._reserve = fresh._reserve = None
     rng = np.random.default_rng(0)
     vocab = folder.manifest.config.src_vocab_size
 
@@ -232,20 +237,24 @@ def test_a_kept_binding_steps_as_a_fresh_one_through_joins_beams_leaves_and_grow
                 memory, mask = source(1, 9)  # a longer source joins
                 for cache in (ours, theirs):
                     cache.add(memory.keys, memory.values, mask)
-    assert caches["a"][0].capacity > 16  # the time axis grew on the way
+    assert caches["a"][0].capacity == (folder.manifest.config.max_positions if reserved else 32)  # grew on the way
 
 
-def test_a_step_reads_no_self_attention_slot_past_each_rows_length(model_dir: Path) -> None:
+@pytest.mark.parametrize("reserved", [True, False], ids=["reserved", "growing"])
+def test_a_step_reads_no_self_attention_slot_past_each_rows_length(model_dir: Path, reserved: bool) -> None:
     """The cache allocates grown self-attention buffers uninitialised (np.empty: a continuous batch regrows them
     often, and zeroing cost a third of a regrowth): the step graph must read only each row's written slots. Rows of
-    different lengths, every slot past them NaN in one cache and zero in the other: the same, finite, results."""
+    different lengths, every slot past them NaN in one cache and zero in the other: the same, finite, results. On the
+    CPU the runtime's caches reserve the time axis (as long as the model's positions); a growing one (CUDA's) too."""
     folder = load_model_folder(model_dir)
     runtime = OnnxRuntime(folder, "fp32")
+    if not reserved:
+        runtime._reserve = None
     rng = np.random.default_rng(1)
     vocab = folder.manifest.config.src_vocab_size
     clean, dirty = runtime.new_cache(), runtime.new_cache()
     for t in range(24):
-        if t in (0, 5, 17):  # sentences join at different steps: ragged lengths, the time axis grows
+        if t in (0, 5, 17):  # sentences join at different steps: ragged lengths, a growing time axis grows
             ids, mask = rng.integers(4, vocab, (1, 7)), np.ones((1, 7), np.bool_)
             memory = runtime.encode(ids, mask)
             for cache in (clean, dirty):
@@ -259,7 +268,8 @@ def test_a_step_reads_no_self_attention_slot_past_each_rows_length(model_dir: Pa
         assert np.isfinite(got.top_log_probs).all()
         np.testing.assert_array_equal(got.top_ids, expected.top_ids)
         np.testing.assert_array_equal(got.top_log_probs, expected.top_log_probs)
-    assert dirty.lengths.tolist() == [24, 19, 7] and dirty.capacity > MIN_CAPACITY
+    assert dirty.lengths.tolist() == [24, 19, 7] and dirty.reserved == reserved
+    assert dirty.capacity == (folder.manifest.config.max_positions if reserved else 2 * MIN_CAPACITY)
 
 
 def as_format_3(folder: Path, dest: Path, width: int = 19) -> Path:
