@@ -494,8 +494,8 @@ def fitted_capacity(slots: int, most: int | None = None) -> int:
     """Room for `slots` time slots and a quarter as many again, in whole multiples of MIN_CAPACITY, but not past
     `most` (the most steps any row's search may take; None: no ceiling) unless `slots` is more: a growth copies the
     buffer once, and the room is memory that every row holds (self-attention reads only the written slots), which
-    past the searches' ceiling no row would ever write (the paper-size model's longest test sentence, capped at 398
-    tokens: 398 slots, not 464)."""
+    past the searches' ceiling no row would ever write (a growing cache, CUDA's, of the paper-size model's longest
+    test sentence, capped at 398 tokens: 398 slots, not 464); for a reserved cache, the room `release` keeps."""
     room = -(-(slots + slots // 4) // MIN_CAPACITY) * MIN_CAPACITY
     return room if most is None else min(room, max(most, slots))
 
