@@ -34,6 +34,12 @@ def rss_mb(pid: int) -> float:
     return total if total else float("nan")
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (VmHWM), in MB."""
+    lines = Path("/proc/self/status").read_text().splitlines()
+    return next(int(line.split()[1]) / 1024 for line in lines if line.startswith("VmHWM:"))
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time (user and system) that `pid` and its children have used so far, in seconds; a process that just
     exited counts nothing."""

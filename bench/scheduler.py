@@ -4,7 +4,7 @@ MT_* environment variables included), in this process. What the server's through
 engine process's pipe and the load generator cost nothing: the cleanest A/B of a scheduler or cache change on
 a shared machine, where `bench.server` moves by 10-20 % from run to run. Besides throughput and CPU it prints the
 rows per step and where a sentence's time went (the server's histograms): queued, to its first decoder step (the
-encoder thread, its pass, the step in progress), in the batch.
+encoder thread, its pass, the step in progress), in the batch; and, at the end, the process's peak resident memory.
 
     python -m bench.scheduler                       # the default model, 32 clients, 15 s
     python -m bench.scheduler --clients 8,32,64 --seconds 10
@@ -32,7 +32,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from bench.machine import describe, headline
-from bench.processes import thread_cpu_seconds
+from bench.processes import peak_rss_mb, thread_cpu_seconds
 from bench.server import batch_figures, metric_totals
 from bench.server import sentences as test_sentences
 from service.arguments import description_of, positive_float, positive_int
@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             staged += [(clients, row["stages"])] if args.stages else []
     finally:
         scheduler.stop(5.0)
+    print(f"\npeak RSS of this process (the model, its caches, the load): {peak_rss_mb():,.0f} MB")
     for clients, stages in staged:
         print(f"\n{clients} clients, ", end="")
         print_stages(*stages)

@@ -25,6 +25,8 @@ def test_closed_loop_clients_keep_the_scheduler_busy_and_it_reports_their_tokens
         rows_per_step, queue, to_first_step, decoding = (float(v) for v in rest.split(" | "))
         assert 0 < rows_per_step <= int(clients)  # one row a sentence (greedy), at most a sentence a client
         assert queue >= 0 and to_first_step > 0 and decoding > 0  # every sentence timed at each stage
+    peak = re.search(r"^peak RSS of this process \(the model, its caches, the load\): ([\d,]+) MB$", out, re.MULTILINE)
+    assert peak and int(peak.group(1).replace(",", "")) > 0
 
 
 def test_stages_say_where_the_threads_time_went_per_row_step(
