@@ -30,7 +30,8 @@ transparent huge pages), so that the time axis never grows: no row's steps are c
 fresh pages faulted all at once (a server at 32 clients of the paper-size model spent 4 % of its decoding threads'
 time in those regrowths). Each row holds the pages of the slots it and the rows before it in its place wrote; when
 a quarter of what the rows wrote would hold the longest live row, the pages past it go back to the kernel
-(`release`), where a growing buffer would have shrunk.
+(`release`), where a growing buffer would have shrunk. A reserved buffer of a few rows (under LAZY_BYTES) is the
+allocator's memory instead, at the same length: reused from sentence to sentence, it costs no mapping per sentence.
 """
 
 from __future__ import annotations
