@@ -24,20 +24,22 @@ def children(pid: int) -> list[int]:
 
 def rss_mb(pid: int) -> float:
     """The server's resident memory (VmRSS), in MB: its own and its children's (the engine processes)."""
-    total = 0.0
-    for process in [pid, *children(pid)]:
-        try:
-            lines = Path(f"/proc/{process}/status").read_text().splitlines()
-        except OSError:  # it just exited
-            continue
-        total += next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:")), 0.0)
+    total = sum(status_mb(Path(f"/proc/{process}/status"), "VmRSS") for process in [pid, *children(pid)])
     return total if total else float("nan")
 
 
 def peak_rss_mb() -> float:
     """This process's peak resident memory so far (VmHWM), in MB."""
-    lines = Path("/proc/self/status").read_text().splitlines()
-    return next(int(line.split()[1]) / 1024 for line in lines if line.startswith("VmHWM:"))
+    return status_mb(Path("/proc/self/status"), "VmHWM")
+
+
+def status_mb(status: Path, field: str) -> float:
+    """A memory field (kB) of a /proc status file, in MB; 0.0 if the process is gone (it just exited)."""
+    try:
+        lines = status.read_text().splitlines()
+    except OSError:
+        return 0.0
+    return next((int(line.split()[1]) / 1024 for line in lines if line.startswith(f"{field}:")), 0.0)
 
 
 def cpu_seconds(pid: int) -> float:

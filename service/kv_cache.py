@@ -476,12 +476,18 @@ def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.frombuffer(memory, dtype).reshape(shape)
 
 
+def mapping(array: np.ndarray) -> mmap.mmap | None:
+    """The memory mapping `lazy_zeros` made for `array` (or an array viewing it); None for the allocator's memory."""
+    base = array.base
+    while base is not None and not isinstance(base, mmap.mmap):  # arrays' bases, then np.frombuffer's view
+        base = base.obj if isinstance(base, memoryview) else base.base
+    return base
+
+
 def release(layer: np.ndarray, keep: int) -> None:
     """Give the kernel back the whole pages of each (row, head) block of a `lazy_zeros` buffer (R, H, T, Dh) past its
     first `keep` slots; they read as zeros after. One call per block: R x H calls (30 x 8 per layer, ~1 us each)."""
-    memory = layer.base
-    while memory is not None and not isinstance(memory, mmap.mmap):  # arrays' bases, then np.frombuffer's view
-        memory = memory.obj if isinstance(memory, memoryview) else memory.base
+    memory = mapping(layer)
     if memory is None or not hasattr(mmap, "MADV_DONTNEED"):
         return  # not lazily allocated: its pages are the allocator's
     page = mmap.PAGESIZE

@@ -635,17 +635,11 @@ def test_a_small_reserved_buffer_comes_from_the_allocator_and_a_large_one_is_add
     """A few rows' reserved buffers are the allocator's memory, reused from sentence to sentence without system calls
     or page faults; from LAZY_BYTES up (where numpy would ask for huge pages), private anonymous memory."""
 
-    def mapped(array: np.ndarray) -> bool:
-        base = array.base
-        while base is not None and not isinstance(base, mmap.mmap):
-            base = base.obj if isinstance(base, memoryview) else base.base
-        return base is not None
-
     source = np.ones((1, 1, 2, 5, 64), np.float32)  # (L, b, H, S, Dh)
     small, large = (DecoderCache(n_layers=1, n_heads=2, head_dim=64, reserve=reserve) for reserve in (2048, 8192))
     for cache in (small, large):  # one row: 2 heads x 2,048 slots x 64 x 4 bytes = 1 MB; of 8,192 slots, 4 MB
         cache.add(source, source, np.ones((1, 5), np.bool_))
         append(cache, np.ones((1, 1, 2, 64), np.float32), np.ones((1, 1, 2, 64), np.float32))
     assert small.self_keys[0].nbytes < kv_cache.LAZY_BYTES <= large.self_keys[0].nbytes
-    assert not mapped(small.self_keys[0]) and mapped(large.self_keys[0])
+    assert kv_cache.mapping(small.self_keys[0]) is None and kv_cache.mapping(large.self_keys[0]) is not None
     assert small.capacity == 2048 and large.capacity == 8192
