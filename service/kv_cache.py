@@ -32,10 +32,14 @@ time in those regrowths). Each row holds the pages of the slots it and the rows 
 a quarter of what the rows wrote would hold the longest live row, the pages past it go back to the kernel
 (`release`), where a growing buffer would have shrunk. A reserved buffer of a few rows (under LAZY_BYTES) is the
 allocator's memory instead, at the same length: reused from sentence to sentence, it costs no mapping per sentence.
+Where the kernel refuses that address space (a process limit such as `ulimit -v`, or `vm.overcommit_memory=2`, which
+counts every reserved page), the cache grows its time axis instead, as on a GPU, and so does every cache the process
+makes after it (`grow_instead`).
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 from types import ModuleType
 from typing import Any
@@ -49,6 +53,9 @@ BUFFERS = ("self_keys", "self_values", "cross_keys", "cross_values")
 SLICED_ROWS = 4  # moved rows copied one slice each, when none is also read (see DecoderCache._copy_rows)
 FEW_ROWS = 16  # selections of up to this many rows done on Python lists when they only reorder beams (select)
 LAZY_BYTES = 4 << 20  # a reserved buffer from this size up is address space (lazy_zeros), where numpy's are huge pages
+
+log = logging.getLogger(__name__)
+_refused: list[OSError] = []  # the kernel's refusal of a reserved buffer, once: the process's caches grow after it
 
 
 def _live(name: str, count: str) -> property:
@@ -75,7 +82,7 @@ class DecoderCache:
         buffers of that many time slots, as address space (see the module's docstring); None: grown as rows need."""
         self.n_layers, self.n_heads, self.head_dim, self.xp = n_layers, n_heads, head_dim, xp
         self.bound_copies = bound_copies
-        self.reserved = reserve is not None and xp is np
+        self.reserved = reserve is not None and xp is np and not _refused
         self._written = 0  # slots the rows have written since the last release (reserved buffers)
         time = reserve if self.reserved else MIN_CAPACITY
         self._store = {  # per layer (R, H, T, Dh) for rows, (R', H, S, Dh) for sentences; past the live ones: free
@@ -400,11 +407,38 @@ class DecoderCache:
         self._changed()
         if name.startswith("self"):  # self-attention reads only written slots: those alone are copied
             written, lazy = int(self.lengths.max(initial=0)), self.reserved
-            for i in range(len(store)):
-                store[i] = resized(store[i], rows, time, live, self.xp, zeroed=False, written=written, lazy=lazy)
+            try:
+                for i in range(len(store)):
+                    store[i] = resized(store[i], rows, time, live, self.xp, zeroed=False, written=written, lazy=lazy)
+            except OSError as error:  # mmap's: the kernel refused the address space
+                if not lazy:
+                    raise
+                self.grow_instead(error, name, rows)
             return
         for i in range(len(store)):  # cross-attention reads every source position
             store[i] = resized(store[i], rows, time, live, self.xp)
+
+    def grow_instead(self, error: OSError, name: str, rows: int) -> None:
+        """The kernel refused a reserved buffer's address space (`error`, while `name` was resized to `rows` rows):
+        this cache's self-attention buffers, some layers of which may be reserved already, go to the room the
+        longest row needs, and grow from then on; so do those of every cache the process makes after it. Logged
+        once: the limit is the process's, or the machine's."""
+        if not _refused:
+            _refused.append(error)
+            log.warning(
+                "the kernel refused the decoder cache's reserved address space (%s): its self-attention buffers "
+                "grow with the rows instead; a limit such as `ulimit -v` or vm.overcommit_memory=2 counts every "
+                "reserved page, resident or not",
+                error,
+            )
+        self.reserved = False
+        written = int(self.lengths.max(initial=0))
+        time = fitted_capacity(written + 1, self.most_steps)
+        for other in ("self_keys", "self_values"):
+            store = self._store[other]
+            count = rows if other == name else store[0].shape[0]
+            for i in range(len(store)):
+                store[i] = resized(store[i], count, time, self.rows, self.xp, zeroed=False, written=written)
 
     def _changed(self) -> None:
         """The arrays a step is given (the buffers' live rows, lengths, src_mask, the groups) are about to be

@@ -1,11 +1,16 @@
 import mmap
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from service import kv_cache
 from service.kv_cache import MIN_CAPACITY, DecoderCache, fitted_capacity, group_rows, resized
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def memory(rows: int, src_len: int, fill: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -549,13 +554,12 @@ def test_refilling_greedy_rows_keeps_every_sentence_as_selecting_then_joining_do
             )
 
 
-def test_a_reserved_cache_keeps_every_row_as_a_growing_one_does_through_joins_beams_and_leaves() -> None:
-    """The same random joins, steps and selections (rows finishing, beams repeating rows) on a cache that grows its
-    time axis and on one that reserves it: every row's written slots, source and sentence agree after each."""
-    rng = np.random.default_rng(7)
-    caches = [DecoderCache(n_layers=2, n_heads=3, head_dim=4, reserve=reserve) for reserve in (None, 96)]
+def agree_through_random_ops(caches: list[DecoderCache], seed: int = 7, ops: int = 160) -> None:
+    """The same random joins, steps and selections (rows finishing, beams repeating rows) on every cache: after each,
+    every row's written slots, source and sentence agree with the first cache's."""
+    rng = np.random.default_rng(seed)
     fill = 0.0
-    for op in range(160):
+    for op in range(ops):
         roll = rng.random()
         if not caches[0].rows or roll < 0.15:  # sentences join
             keys, values, mask = memory(int(rng.integers(1, 4)), int(rng.integers(2, 9)), fill)
@@ -570,16 +574,58 @@ def test_a_reserved_cache_keeps_every_row_as_a_growing_one_does_through_joins_be
             for cache in caches:
                 append(cache, step(cache.rows, 0.0) + new, step(cache.rows, 1.0) + new)
         fill += 100.0
-        grown, reserved = caches
-        assert grown.lengths.tolist() == reserved.lengths.tolist()
-        assert grown.sentence.tolist() == reserved.sentence.tolist()
-        assert np.array_equal(grown.src_mask, reserved.src_mask)
-        assert np.array_equal(stacked(grown.cross_keys), stacked(reserved.cross_keys))
-        for row, length in enumerate(grown.lengths.tolist()):
-            for name in ("self_keys", "self_values"):
-                written = [stacked(getattr(c, name))[:, row, :, :length] for c in caches]  # (L, H, length, Dh)
-                assert np.array_equal(*written), (op, row, name)
+        first = caches[0]
+        for other in caches[1:]:
+            assert first.lengths.tolist() == other.lengths.tolist()
+            assert first.sentence.tolist() == other.sentence.tolist()
+            assert np.array_equal(first.src_mask, other.src_mask)
+            assert np.array_equal(stacked(first.cross_keys), stacked(other.cross_keys))
+            for row, length in enumerate(first.lengths.tolist()):
+                for name in ("self_keys", "self_values"):
+                    written = [np.stack([layer[row, :, :length] for layer in getattr(c, name)]) for c in (first, other)]
+                    assert np.array_equal(*written), (op, row, name)
+
+
+def test_a_reserved_cache_keeps_every_row_as_a_growing_one_does_through_joins_beams_and_leaves() -> None:
+    """A cache that grows its time axis and one that reserves it, through the same random operations."""
+    grown, reserved = caches = [DecoderCache(n_layers=2, n_heads=3, head_dim=4, reserve=r) for r in (None, 96)]
+    agree_through_random_ops(caches)
     assert reserved.capacity == 96 and max(grown.lengths) > MIN_CAPACITY  # the growing one grew, the other never
+
+
+REFUSED = """
+import logging, resource, sys
+import numpy as np
+from service import kv_cache
+from service.kv_cache import DecoderCache
+from tests.service.test_kv_cache import agree_through_random_ops
+
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+with open("/proc/self/status") as status:
+    size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (size + (300 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+slots = 1 << 18  # a row's keys of one layer: 3 heads x 256 Ki slots x 4 x 4 bytes, 12 MiB of address space
+caches = [DecoderCache(n_layers=2, n_heads=3, head_dim=4, reserve=r) for r in (None, slots)]
+agree_through_random_ops(caches)
+grown, refused = caches
+later = DecoderCache(n_layers=2, n_heads=3, head_dim=4, reserve=slots)
+print(refused.reserved, refused.capacity == grown.capacity, later.reserved, len(kv_cache._refused))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="limits the address space to what /proc says")
+def test_a_cache_refused_its_reserved_address_space_grows_instead_and_keeps_every_row(tmp_path: Path) -> None:
+    """Under a limit of the process's address space (`ulimit -v`: 300 MiB more than it uses), a cache that reserves
+    256 Ki slots a row (48 MiB of keys and values) is refused when its rows grow past ~6, after their first steps and
+    part way through a buffer's layers; it grows instead, row for row as a growing cache does through the same random
+    operations, logs it once, and caches made after it do not ask again."""
+    run = subprocess.run(
+        [sys.executable, "-c", REFUSED], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True", "False", "1"]
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "Cannot allocate memory" in warnings[0] and "ulimit -v" in warnings[0], run.stderr
 
 
 def resident(array: np.ndarray) -> tuple[int, int]:
