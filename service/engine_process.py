@@ -5,7 +5,8 @@ decoding loop (~2 ms of Python per step between graph runs) take turns on one GI
 clients the server used 1.5 of 2 cores and delivered 72 % of what the scheduler alone delivers. Here the HTTP
 process keeps the text path and the tokenizer; the engine process gets token ids and search options and sends
 back hypotheses. The server process talks to it through `EngineProcess`, which offers what the Translator and
-the API use of an in-process `Scheduler`.
+the API use of an in-process `Scheduler`. Its threads run under SCHED_BATCH (`MT_ENGINE_BATCH_SCHEDULING`,
+`placement.run_as_batch`): one that wakes waits for the HTTP process's turn on a shared core.
 
 Messages are tuples of plain values over a multiprocessing Pipe, sent as lists: one write and one read for all
 that one side had to say at once (the server: a turn of its event loop; the engine: what its outbox had queued).
@@ -48,7 +49,7 @@ from service.engine import TokenRules
 from service.errors import InferenceError, ModelFolderError, Overloaded, ServiceError
 from service.metrics import Metrics
 from service.model_folder import load_model_folder
-from service.placement import Cores, pin_process
+from service.placement import Cores, pin_process, run_as_batch
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
 from service.settings import Settings
 
@@ -513,6 +514,8 @@ def serve(engine: Engine, pipe: Connection) -> None:
         signal.signal(stop, signal.SIG_IGN)
     if engine.cores is not None:  # every thread but the streams' (which pin themselves) on the others' cores
         pin_process(engine.cores.others)
+    if engine.settings.engine_batch_scheduling:  # before any other thread starts: they all inherit it
+        run_as_batch()
     level = engine.settings.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s [-] %(name)s: %(message)s")  # as the server's
     outbox = _Outbox(conn, MetricsRecorder())

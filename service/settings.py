@@ -124,6 +124,12 @@ class Settings(BaseSettings):
         description="where the servers of one machine claim the cores they pin streams to (a lock file per core), "
         "so that a second server pins to other cores; servers that share cores must share it",
     )
+    engine_batch_scheduling: bool = Field(
+        True,
+        description="Linux: the engine processes' threads run under SCHED_BATCH, so that one they wake (a request "
+        "read from the pipe, a sentence for the encoder, results for the outbox) waits for the HTTP process's turn "
+        "on a shared core instead of preempting it; false: the kernel's default policy for them too",
+    )
     engine_process: bool = Field(
         True,
         description="run each model's scheduler and ONNX Runtime sessions in a process of their own, so that the "

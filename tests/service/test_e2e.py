@@ -5,6 +5,7 @@ alone; then /metrics must add up. A broken model folder must stop the start with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -210,6 +211,39 @@ def test_the_real_server_gives_its_decoding_stream_a_core_of_its_own(model_dir: 
     else:
         assert card["stream_cores"] is None
         assert set(server_threads) == set(engine_threads) == {allowed}
+
+
+def thread_policies(pid: int) -> set[int]:
+    """The scheduling policies of process `pid`'s threads."""
+    policies = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            policies.add(os.sched_getscheduler(int(task.name)))
+    return policies
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+@pytest.mark.parametrize("batch", ["true", "false"])
+def test_the_real_servers_engine_threads_run_as_batch_and_its_http_process_does_not(
+    model_dir: Path, batch: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    process = start_server(model_dir, port, MT_ENGINE_BATCH_SCHEDULING=batch, MT_PIN_CLAIMS_DIR=str(tmp_path))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process)
+        assert (
+            httpx.post(f"{url}/translate", json={"q": SENTENCES[0], "source": "en", "target": "fr"}).status_code == 200
+        )
+        engines = [pid for pid in children(process.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        server = thread_policies(process.pid)
+        engine = set().union(*(thread_policies(pid) for pid in engines))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    assert engines, "no engine process found"
+    assert server == {os.SCHED_OTHER}  # the event loop and its helpers: their wake-ups still preempt
+    assert engine == ({os.SCHED_BATCH} if batch == "true" else {os.SCHED_OTHER})  # every thread, streams too
 
 
 @pytest.mark.skipif(available_cores() < 2, reason="pinning needs 2 cores (affinity and CPU quota)")

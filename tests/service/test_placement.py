@@ -14,7 +14,7 @@ import pytest
 from service.decoding import SearchOptions
 from service.engine import TokenRules
 from service.metrics import Metrics
-from service.placement import Cores, allowed_cores, claim, plan, release
+from service.placement import Cores, allowed_cores, claim, plan, release, run_as_batch
 from service.runtime import Memory
 from service.scheduler import BatchLimits, SentenceJob, Ticket, new_scheduler
 from tests.fakes import EOS, PAD, START, FakeRuntime
@@ -156,3 +156,36 @@ def test_a_claims_folder_that_cannot_be_used_is_a_warning_naming_the_setting(
     assert claim([0], not_a_folder) == frozenset({0})
     [record] = [r for r in caplog.records if "cannot claim a core" in r.getMessage()]
     assert record.levelname == "WARNING" and "check MT_PIN_CLAIMS_DIR" in record.getMessage()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_run_as_batch_sets_the_calling_thread_and_the_threads_it_starts() -> None:
+    """On its own thread (the policy dies with it): SCHED_BATCH for it and for a thread it starts afterwards; the
+    caller's thread keeps its policy."""
+    seen: dict[str, int] = {}
+
+    def batch() -> None:
+        seen["applied"] = run_as_batch()
+        seen["itself"] = os.sched_getscheduler(0)
+        child = threading.Thread(target=lambda: seen.update(child=os.sched_getscheduler(0)))
+        child.start()
+        child.join()
+
+    before = os.sched_getscheduler(0)
+    thread = threading.Thread(target=batch)
+    thread.start()
+    thread.join()
+    assert seen == {"applied": True, "itself": os.SCHED_BATCH, "child": os.SCHED_BATCH}
+    assert os.sched_getscheduler(0) == before
+
+
+def test_a_refused_batch_policy_is_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*_: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "SCHED_BATCH", 3, raising=False)
+    monkeypatch.setattr(os, "sched_setscheduler", refuse, raising=False)
+    assert run_as_batch() is False
+    assert "could not run the engine's threads under SCHED_BATCH" in caplog.text
