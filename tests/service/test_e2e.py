@@ -180,27 +180,35 @@ def children(pid: int) -> list[int]:
     return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
 
 
-@pytest.mark.skipif(available_cores() < 2, reason="pinning needs 2 cores (affinity and CPU quota)")
-@pytest.mark.parametrize("pin", ["true", "false"])
-def test_the_real_server_gives_its_decoding_stream_a_core_of_its_own(model_dir: Path, pin: str, tmp_path: Path) -> None:
-    allowed = frozenset(os.sched_getaffinity(0))
-    stream_core, others = max(allowed), allowed - {max(allowed)}
+@contextmanager
+def translated_once(model_dir: Path, **env: str) -> Iterator[tuple[str, int, list[int]]]:
+    """The real server, ready and past its first translation: its URL, its process id and its engine processes' ids;
+    stopped with SIGTERM afterwards, which must exit 0."""
     port = free_port()
-    # one stream of one thread (MT_INTRA_OP_THREADS=1); claims of its own, whatever else runs on this machine
-    process = start_server(model_dir, port, MT_PIN_CORES=pin, MT_PIN_CLAIMS_DIR=str(tmp_path))
+    process = start_server(model_dir, port, **env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process)
         assert (
             httpx.post(f"{url}/translate", json={"q": SENTENCES[0], "source": "en", "target": "fr"}).status_code == 200
         )
-        card = httpx.get(f"{url}/v1/models").json()["models"][0]
         engines = [pid for pid in children(process.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
-        server_threads = thread_cores(process.pid)
-        engine_threads = [cores for pid in engines for cores in thread_cores(pid)]
+        yield url, process.pid, engines
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="pinning needs 2 cores (affinity and CPU quota)")
+@pytest.mark.parametrize("pin", ["true", "false"])
+def test_the_real_server_gives_its_decoding_stream_a_core_of_its_own(model_dir: Path, pin: str, tmp_path: Path) -> None:
+    allowed = frozenset(os.sched_getaffinity(0))
+    stream_core, others = max(allowed), allowed - {max(allowed)}
+    # one stream of one thread (MT_INTRA_OP_THREADS=1); claims of its own, whatever else runs on this machine
+    with translated_once(model_dir, MT_PIN_CORES=pin, MT_PIN_CLAIMS_DIR=str(tmp_path)) as (url, server, engines):
+        card = httpx.get(f"{url}/v1/models").json()["models"][0]
+        server_threads = thread_cores(server)
+        engine_threads = [cores for pid in engines for cores in thread_cores(pid)]
     assert engine_threads, "no engine process found"
     if pin == "true":
         assert card["stream_cores"] == [stream_core]
@@ -227,20 +235,10 @@ def thread_policies(pid: int) -> set[int]:
 def test_the_real_servers_engine_threads_run_as_batch_and_its_http_process_does_not(
     model_dir: Path, batch: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    process = start_server(model_dir, port, MT_ENGINE_BATCH_SCHEDULING=batch, MT_PIN_CLAIMS_DIR=str(tmp_path))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, process)
-        assert (
-            httpx.post(f"{url}/translate", json={"q": SENTENCES[0], "source": "en", "target": "fr"}).status_code == 200
-        )
-        engines = [pid for pid in children(process.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
-        server = thread_policies(process.pid)
-        engine = set().union(*(thread_policies(pid) for pid in engines))
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
+    with translated_once(model_dir, MT_ENGINE_BATCH_SCHEDULING=batch, MT_PIN_CLAIMS_DIR=str(tmp_path)) as found:
+        _, pid, engines = found
+        server = thread_policies(pid)
+        engine = set().union(*(thread_policies(engine) for engine in engines))
     assert engines, "no engine process found"
     assert server == {os.SCHED_OTHER}  # the event loop and its helpers: their wake-ups still preempt
     assert engine == ({os.SCHED_BATCH} if batch == "true" else {os.SCHED_OTHER})  # every thread, streams too
