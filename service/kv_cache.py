@@ -432,13 +432,9 @@ class DecoderCache:
                 error,
             )
         self.reserved = False
-        written = int(self.lengths.max(initial=0))
-        time = fitted_capacity(written + 1, self.most_steps)
-        for other in ("self_keys", "self_values"):
-            store = self._store[other]
-            count = rows if other == name else store[0].shape[0]
-            for i in range(len(store)):
-                store[i] = resized(store[i], count, time, self.rows, self.xp, zeroed=False, written=written)
+        time = fitted_capacity(int(self.lengths.max(initial=0)) + 1, self.most_steps)
+        for other in ("self_keys", "self_values"):  # resized as a growing cache's are
+            self._resize(other, rows if other == name else self._store[other][0].shape[0], time)
 
     def _changed(self) -> None:
         """The arrays a step is given (the buffers' live rows, lengths, src_mask, the groups) are about to be
