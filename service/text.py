@@ -13,7 +13,8 @@ import unicodedata
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from difflib import SequenceMatcher
 from functools import partial
 from typing import NamedTuple
 
@@ -60,6 +61,14 @@ _TAG_NAME = re.compile(r"</?([A-Za-z][^\s/>]*)")
 _TAG_STOP = re.compile(r"[>\"']")
 _RAW_TEXT_END = {name: re.compile(rf"</{name}[\s/>]", re.IGNORECASE) for name in ("script", "style")}
 _UNTRANSLATED = frozenset({"code", "pre"})  # elements whose text is kept as is (they may hold tags)
+# phrasing elements a sentence runs through (`The <b>red</b> car.`): the sentence is translated whole, and their tags
+# go back around the words of the translation they stand for (Tagged); any other tag ends a sentence
+INLINE = frozenset(
+    ["a", "abbr", "b", "bdi", "bdo", "big", "cite", "data", "del", "dfn", "em", "font", "i", "ins", "kbd", "mark"]
+    + ["q", "s", "samp", "small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u", "var"]
+)
+_WORD = re.compile(r"\w+")
+_NEAR = 0.65  # how like an element's words (difflib's ratio) the words of the translation it goes around must be
 
 
 def clean(text: str) -> str:
@@ -88,15 +97,41 @@ def _black_flag_or_nothing(match: re.Match[str]) -> str:
     return match.group(1)[0] if match.group(1) else ""  # the flag without its tags
 
 
+class Inline(NamedTuple):
+    """An inline element inside a sentence: its tags as written, the span of the sentence's text it wraps, and the
+    element it sits in (an index into the sentence's elements, in the order they open; None: the sentence)."""
+
+    start: int
+    end: int
+    opening: str
+    closing: str
+    parent: int | None
+
+
+@dataclass
+class Tagged:
+    """A sentence that inline elements run through. The sentence is translated whole, and `pieces`, its text
+    between tags as the sentences of a document of their own (what the tags split before), are translated too.
+    Each element goes around the words of the whole translation most like its own words' translation, or its
+    words as written (names, numbers); when one finds none, or they would not nest as the elements do, the answer
+    is the pieces' translations between the tags, as written."""
+
+    elements: list[Inline]
+    pieces: Document
+    first: int = 0  # where pieces.sentences start in the document's texts
+
+
 @dataclass(frozen=True)
 class Document:
     """Sentences to translate and everything else, kept verbatim, to put the translations back.
 
     join(t) is separators[0] + out[0] + separators[1] + ... + out[n-1] + separators[n], where out[i] is
     originals[i] when t[i] == sentences[i] (so identity rebuilds the input exactly, character references
-    included) and t[i] otherwise, html-escaped when `markup`. expand() cuts sentences into pieces that become
-    sentences of their own with the whitespace between them as separators; origins[i] is the index, in the
-    document split_text/split_html returned, of the sentence that piece i comes from.
+    included) and t[i] otherwise, html-escaped when `markup`; a sentence in `tagged` puts its tags back in t[i]
+    (Tagged). `texts` are what is translated: the sentences, then each tagged sentence's pieces; join takes one
+    translation for each. expand() cuts sentences into pieces that become sentences of their own with the
+    whitespace between them as separators; origins[i] is the index, in the document split_text/split_html
+    returned, of the sentence that piece i comes from.
     """
 
     sentences: list[str]
@@ -104,35 +139,66 @@ class Document:
     originals: list[str]  # each sentence as written in the input (with its character references in HTML)
     origins: list[int]
     markup: bool = False
+    tagged: dict[int, Tagged] = field(default_factory=dict)  # sentence index -> its inline elements
+
+    @property
+    def texts(self) -> list[str]:
+        return self.sentences + [s for i in sorted(self.tagged) for s in self.tagged[i].pieces.sentences]
 
     def join(self, translations: Sequence[str]) -> str:
         """The input with each sentence replaced by its translation, in order."""
-        if len(translations) != len(self.sentences):
-            raise ValueError(f"{len(translations)} translations for {len(self.sentences)} sentences")
+        if len(translations) != len(self.sentences) + sum(len(t.pieces.sentences) for t in self.tagged.values()):
+            raise ValueError(f"{len(translations)} translations for {len(self.texts)} sentences")
         parts = [self.separators[0]]
-        for i, translation in enumerate(translations):
-            parts.append(self.originals[i] if translation == self.sentences[i] else self._put(translation))
+        for i, translation in enumerate(translations[: len(self.sentences)]):
+            if translation == self.sentences[i]:
+                parts.append(self.originals[i])
+            elif i in self.tagged:
+                parts.append(self._put_tagged(self.tagged[i], self.sentences[i], translation, translations))
+            else:
+                parts.append(self._put(translation))
             parts.append(self.separators[i + 1])
         return "".join(parts)
 
     def expand(self, count: Count, limit: int) -> Document:
-        """A document whose sentences are those of this one cut by limit_sentence; join still rebuilds it."""
+        """A document whose sentences are those of this one cut by limit_sentence; join still rebuilds it. A tagged
+        sentence or one of its pieces over the limit becomes its pieces, each cut so."""
         builder = _Builder(self.markup)
         builder.keep(self.separators[0])
         for i, sentence in enumerate(self.sentences):
-            source = _Source.of(self.originals[i], self.markup)
-            can_cut = source.can_cut if self.markup else partial(_between_characters, sentence)
-            spans = _limit_spans(sentence, count, limit, can_cut)
-            if len(spans) > 1:
-                logger.debug(
-                    "a sentence of %d characters cut into %d pieces of <= %d tokens", len(sentence), len(spans), limit
-                )
-            builder.add_spans(source, spans, self.origins[i])
+            tagged = self.tagged.get(i)
+            if tagged is None:
+                builder.add_spans(*self._limited(self.originals[i], sentence, count, limit), self.origins[i])
+            elif all(count(s) <= limit for s in [sentence, *tagged.pieces.sentences]):
+                builder.add(sentence, self.originals[i], self.origins[i], tagged)
+            else:
+                pieces = tagged.pieces
+                for k, piece in enumerate(pieces.sentences):
+                    builder.keep(pieces.separators[k])
+                    builder.add_spans(*self._limited(pieces.originals[k], piece, count, limit), self.origins[i])
+                builder.keep(pieces.separators[-1])
             builder.keep(self.separators[i + 1])
         return builder.build()
 
+    def _limited(self, original: str, sentence: str, count: Count, limit: int) -> tuple[_Source, list[tuple[int, int]]]:
+        source = _Source.of(original, self.markup)
+        can_cut = source.can_cut if self.markup else partial(_between_characters, sentence)
+        spans = _limit_spans(sentence, count, limit, can_cut)
+        if len(spans) > 1:
+            logger.debug(
+                "a sentence of %d characters cut into %d pieces of <= %d tokens", len(sentence), len(spans), limit
+            )
+        return source, spans
+
     def _put(self, translation: str) -> str:
         return html.escape(translation, quote=False) if self.markup else translation
+
+    def _put_tagged(self, tagged: Tagged, sentence: str, translation: str, translations: Sequence[str]) -> str:
+        pieces = translations[tagged.first : tagged.first + len(tagged.pieces.sentences)]
+        spans = _project(tagged, sentence, translation, pieces)
+        if spans is None:
+            return tagged.pieces.join(pieces)
+        return _with_tags(translation, tagged.elements, spans)
 
 
 def split(text: str, fmt: str) -> Document:
@@ -151,13 +217,15 @@ def split_text(text: str) -> Document:
     return builder.build()
 
 
-def split_html(markup: str) -> Document:
+def split_html(markup: str, inline: bool = True) -> Document:
     """HTML: only text between tags is translated, never inside script, style, code or pre, nor attributes.
 
     Tags, comments, doctypes and character references are kept verbatim. An unterminated tag or comment runs
-    to the end of the input, as in a browser, and is kept untranslated.
+    to the end of the input, as in a browser, and is kept untranslated. A sentence runs through the tags of
+    inline elements (INLINE) that open and close inside it (Tagged); `inline` False: every tag ends a sentence.
     """
     builder = _Builder(markup=True)
+    run = _Run(builder)  # text and inline tags since the last other tag
     inside: Counter[str] = Counter()  # open code/pre elements
     text_start, i = 0, markup.find("<")
     while i != -1:
@@ -165,11 +233,18 @@ def split_html(markup: str) -> Document:
         if end is None:  # a "<" that starts nothing: text
             i = markup.find("<", i + 1)
             continue
-        builder.add_text(markup[text_start:i], translate=not any(inside.values()))
-        builder.keep(markup[i:end])
-        text_start = _after_tag(markup, i, end, builder, inside)
+        translate = not any(inside.values())
+        run.text(markup[text_start:i]) if translate else run.keep(markup[text_start:i])
+        name = _inline_tag(markup, i, end) if inline and translate else None
+        if name is not None:
+            run.tag(markup[i:end], *name)
+            text_start = end
+        else:
+            run.keep(markup[i:end])
+            text_start = _after_tag(markup, i, end, run, inside)
         i = markup.find("<", text_start)
-    builder.add_text(markup[text_start:], translate=not any(inside.values()))
+    run.text(markup[text_start:]) if not any(inside.values()) else run.keep(markup[text_start:])
+    run.flush()
     return builder.build()
 
 
@@ -339,12 +414,17 @@ class _Builder:
     def keep(self, raw: str) -> None:
         self.pending.append(raw)
 
-    def add(self, sentence: str, original: str, origin: int) -> None:
+    tagged: dict[int, Tagged] = field(default_factory=dict)
+
+    def add(self, sentence: str, original: str, origin: int | None = None, tagged: Tagged | None = None) -> None:
+        """A sentence, from sentence `origin` of the split (None: it is one of the split)."""
+        if tagged is not None:
+            self.tagged[len(self.sentences)] = tagged
         self.separators.append("".join(self.pending))
         self.pending.clear()
+        self.origins.append(len(self.sentences) if origin is None else origin)
         self.sentences.append(sentence)
         self.originals.append(original)
-        self.origins.append(origin)
 
     def add_text(self, raw: str, translate: bool = True) -> None:
         """A stretch of text: its sentences (not across lines unless markup) and the whitespace around them."""
@@ -361,15 +441,17 @@ class _Builder:
         for start, end in spans:
             raw_start, raw_end = source.to_raw(start), source.to_raw(end)
             self.keep(source.raw[done:raw_start])
-            self.add(
-                source.text[start:end], source.raw[raw_start:raw_end], len(self.sentences) if origin is None else origin
-            )
+            self.add(source.text[start:end], source.raw[raw_start:raw_end], origin)
             done = raw_end
         self.keep(source.raw[done:])
 
     def build(self) -> Document:
         separators = [*self.separators, "".join(self.pending)]
-        return Document(self.sentences, separators, self.originals, self.origins, self.markup)
+        tagged, first = {}, len(self.sentences)
+        for i in sorted(self.tagged):
+            tagged[i] = replace(self.tagged[i], first=first)
+            first += len(tagged[i].pieces.sentences)
+        return Document(self.sentences, separators, self.originals, self.origins, self.markup, tagged)
 
 
 # The markup of HTML
@@ -415,7 +497,7 @@ def _tag_end(markup: str, i: int) -> int:
     return len(markup)
 
 
-def _after_tag(markup: str, start: int, end: int, builder: _Builder, inside: Counter[str]) -> int:
+def _after_tag(markup: str, start: int, end: int, builder: _Builder | _Run, inside: Counter[str]) -> int:
     """Where text resumes after the tag markup[start:end]: past the content, kept verbatim, of a script or
     style element; counts the open code and pre elements in `inside`."""
     name = _TAG_NAME.match(markup, start, end)
@@ -430,6 +512,274 @@ def _after_tag(markup: str, start: int, end: int, builder: _Builder, inside: Cou
         builder.keep(markup[end:resume])
         return resume
     return end
+
+
+# Inline elements: a sentence through their tags, and the tags back in its translation
+
+
+def _inline_tag(markup: str, start: int, end: int) -> tuple[str, bool] | None:
+    """(name, closing) of a whole start or end tag of an INLINE element at markup[start:end]; None for any other
+    markup, a self-closing tag, or one the input ends in."""
+    name = _TAG_NAME.match(markup, start, end)
+    if name is None or name.group(1).lower() not in INLINE or not markup.endswith(">", start, end):
+        return None
+    closing = markup[start + 1] == "/"
+    return None if not closing and markup.endswith("/>", start, end) else (name.group(1).lower(), closing)
+
+
+class _Tag(NamedTuple):
+    raw: str
+    name: str
+    closing: bool
+    raw_at: int  # where it stands in the run's text as written, tags left out
+    text_at: int  # ... and in its text to translate
+
+
+@dataclass
+class _Run:
+    """Text and inline tags since the last other markup of an HTML input: one stretch of text to the builder."""
+
+    builder: _Builder
+    items: list[str | _Tag] = field(default_factory=list)  # text as written, and tags
+
+    def text(self, raw: str) -> None:
+        if raw:
+            self.items.append(raw)
+
+    def tag(self, raw: str, name: str, closing: bool) -> None:
+        self.items.append(_Tag(raw, name, closing, 0, 0))
+
+    def keep(self, raw: str) -> None:
+        self.flush()
+        self.builder.keep(raw)
+
+    def flush(self) -> None:
+        items, self.items = self.items, []
+        if any(isinstance(item, _Tag) for item in items):
+            _add_run(self.builder, items)
+        elif items:
+            self.builder.add_text("".join(items))  # type: ignore[arg-type]  # all text
+
+
+def _add_run(builder: _Builder, items: list[str | _Tag]) -> None:
+    """Text with inline tags in it: its sentences across the tags. An element inside one sentence becomes that
+    sentence's (Tagged); one around whole sentences, or around none, stays between them as written. Where tags
+    do not pair, or an element is empty beside or inside a sentence, or runs from one sentence into another or
+    out of it, every tag of the run ends a sentence, as other tags do."""
+    source, tags = _joined(items)
+    spans = list(_sentence_spans(source.text, hard_lines=False))
+    owner = _owners(source.text, tags, spans)
+    parts = _run_parts(source, tags, spans, owner) if owner is not None else None
+    if parts is None:
+        for item in items:
+            builder.keep(item.raw) if isinstance(item, _Tag) else builder.add_text(item)
+        return
+    for part in parts:
+        builder.keep(part) if isinstance(part, str) else builder.add(*part)
+
+
+def _run_parts(
+    source: _Source, tags: list[_Tag], spans: list[tuple[int, int]], owner: list[int | None]
+) -> list[str | tuple[str, str, None, Tagged | None]] | None:
+    """What is kept and the sentences, in order, with each tag where it stood; None if that order would not
+    rebuild the run as written."""
+    parts: list[str | tuple[str, str, None, Tagged | None]] = []
+    done, emitted = 0, [False] * len(tags)
+
+    def raw_with_tags(start: int, end: int, sentence: int | None) -> str:
+        """source.raw[start:end] with the tags standing in [start, end] that belong to `sentence` put back."""
+        pieces, at = [], start
+        for k, tag in enumerate(tags):
+            if not emitted[k] and owner[k] == sentence and start <= tag.raw_at <= end:
+                pieces += [source.raw[at : tag.raw_at], tag.raw]
+                at, emitted[k] = tag.raw_at, True
+        return "".join([*pieces, source.raw[at:end]])
+
+    for j, (start, end) in enumerate(spans):
+        mine = [tag for k, tag in enumerate(tags) if owner[k] == j]
+        raw_start = min([source.to_raw(start), *(tag.raw_at for tag in mine)])
+        raw_end = max([source.to_raw(end), *(tag.raw_at for tag in mine)])
+        parts.append(raw_with_tags(done, raw_start, None))
+        original = raw_with_tags(raw_start, raw_end, j)
+        tagged = Tagged(_elements(mine, start, end), split_html(original, inline=False)) if mine else None
+        parts.append((source.text[start:end], original, None, tagged))
+        done = raw_end
+    parts.append(raw_with_tags(done, len(source.raw), None))
+    written = "".join(part if isinstance(part, str) else part[1] for part in parts)
+    return parts if all(emitted) and written == _rebuilt(source.raw, tags) else None
+
+
+def _rebuilt(raw: str, tags: list[_Tag]) -> str:
+    """The run as written: its text with its tags where they stood."""
+    parts, at = [], 0
+    for tag in tags:
+        parts += [raw[at : tag.raw_at], tag.raw]
+        at = tag.raw_at
+    return "".join([*parts, raw[at:]])
+
+
+def _joined(items: list[str | _Tag]) -> tuple[_Source, list[_Tag]]:
+    """The run's text as one _Source (each stretch between tags unescaped on its own) and its tags, placed."""
+    raws: list[str] = []
+    texts: list[str] = []
+    references: list[_Reference] = []
+    tags: list[_Tag] = []
+    raw_at = text_at = 0
+    for item in items:
+        if isinstance(item, _Tag):
+            tags.append(item._replace(raw_at=raw_at, text_at=text_at))
+            continue
+        part = _Source.of(item, markup=True)
+        references += [
+            _Reference(r.text_start + text_at, r.text_end + text_at, r.raw_start + raw_at, r.raw_end + raw_at)
+            for r in part.references
+        ]
+        raws.append(item)
+        texts.append(part.text)
+        raw_at, text_at = raw_at + len(item), text_at + len(part.text)
+    return _Source("".join(raws), "".join(texts), references), tags
+
+
+def _owners(text: str, tags: list[_Tag], spans: list[tuple[int, int]]) -> list[int | None] | None:
+    """For each tag, the sentence whose element it belongs to (None: it stays between sentences); None when the
+    tags do not pair, or an element is empty inside a sentence or runs out of one."""
+    owner: list[int | None] = [None] * len(tags)
+    open_: list[int] = []
+    for k, tag in enumerate(tags):
+        if not tag.closing:
+            open_.append(k)
+            continue
+        if not open_ or tags[open_[-1]].name != tag.name:
+            return None
+        first = open_.pop()
+        start, end = _trimmed(text, tags[first].text_at, tag.text_at)
+        within = [j for j, (s, e) in enumerate(spans) if s <= start and end <= e and (s, e) != (start, end)]
+        if start >= end:  # nothing but whitespace: beside or inside a sentence, nowhere to go in its translation
+            if any(s <= start <= e for s, e in spans):
+                return None
+        elif within:
+            owner[first] = owner[k] = within[0]
+        elif any(max(start, s) < min(end, e) and not (start <= s and e <= end) for s, e in spans):
+            return None  # part of a sentence and part of what is outside it, or of another sentence
+    return None if open_ else owner
+
+
+def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
+    """start and end moved in past whitespace."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+def _elements(tags: list[_Tag], start: int, end: int) -> list[Inline]:
+    """The elements of a sentence at text[start:end] that these tags (paired, in order) make."""
+    elements: list[Inline] = []
+    open_: list[tuple[int, _Tag]] = []
+    for tag in tags:
+        if not tag.closing:
+            elements.append(Inline(0, 0, tag.raw, "", open_[-1][0] if open_ else None))
+            open_.append((len(elements) - 1, tag))
+            continue
+        k, opening = open_.pop()
+        span = max(opening.text_at, start) - start, min(tag.text_at, end) - start
+        elements[k] = elements[k]._replace(start=span[0], end=span[1], closing=tag.raw)
+    return elements
+
+
+def _project(tagged: Tagged, sentence: str, translation: str, pieces: Sequence[str]) -> list[tuple[int, int]] | None:
+    """Where each element goes in the translation: around the words most like its pieces' translation or its words
+    as written, the nearest to where it stood where several are; None if one has none, or they would not nest."""
+    where = _piece_spans(sentence, tagged.pieces.sentences)
+    spans: list[tuple[int, int]] = []
+    for element in tagged.elements:
+        start, end = _trimmed(sentence, element.start, element.end)
+        inner = " ".join(t for (a, b), t in zip(where, pieces, strict=True) if start <= a and b <= end)
+        candidates = list(dict.fromkeys(c for c in (inner.strip(), sentence[start:end]) if c))
+        centre = (start + end) / 2 / max(1, len(sentence)) * len(translation)
+        found = _exactly(translation, candidates, centre) or _nearly(translation, candidates, centre)
+        if found is None:
+            return None
+        spans.append(found)
+    return spans if _nests(tagged.elements, spans) else None
+
+
+def _piece_spans(sentence: str, pieces: list[str]) -> list[tuple[int, int]]:
+    """Where each piece (in order, each a part of the sentence) is in it."""
+    spans, at = [], 0
+    for piece in pieces:
+        start = sentence.find(piece, at)
+        start = at if start == -1 else start
+        spans.append((start, start + len(piece)))
+        at = start + len(piece)
+    return spans
+
+
+def _exactly(translation: str, candidates: list[str], centre: float) -> tuple[int, int] | None:
+    """The occurrence of a candidate (case aside, not inside a word) nearest the centre."""
+    best: tuple[float, tuple[int, int]] | None = None
+    for candidate in candidates:
+        for match in re.finditer(re.escape(candidate), translation, re.IGNORECASE):
+            a, b = match.span()
+            if _word_edge(translation, a) and _word_edge(translation, b):
+                distance = abs((a + b) / 2 - centre)
+                best = min(best, (distance, (a, b))) if best else (distance, (a, b))
+    return None if best is None else best[1]
+
+
+def _word_edge(text: str, at: int) -> bool:
+    """Not between two letters or digits."""
+    return at == 0 or at == len(text) or not (text[at - 1].isalnum() and text[at].isalnum())
+
+
+def _nearly(translation: str, candidates: list[str], centre: float) -> tuple[int, int] | None:
+    """The run of whole words most like a candidate of at most 12 words (difflib's ratio, at least _NEAR), the
+    nearest the centre among equals."""
+    words = [match.span() for match in _WORD.finditer(translation)]
+    best: tuple[float, float, tuple[int, int]] | None = None
+    for candidate in candidates:
+        n = len(_WORD.findall(candidate))
+        if not 0 < n <= 12:
+            continue
+        for size in range(max(1, n - 1), n + 2):
+            for i in range(len(words) - size + 1):
+                a, b = words[i][0], words[i + size - 1][1]
+                ratio = SequenceMatcher(None, translation[a:b].lower(), candidate.lower()).ratio()
+                key = (-ratio, abs((a + b) / 2 - centre), (a, b))
+                if ratio >= _NEAR and (best is None or key < best):
+                    best = key
+    return None if best is None else best[2]
+
+
+def _nests(elements: list[Inline], spans: list[tuple[int, int]]) -> bool:
+    """Whether the spans keep the elements' nesting: each inside the one it sat in, and apart from the others."""
+    for j, element in enumerate(elements):
+        ancestors, parent = set(), element.parent
+        while parent is not None:
+            ancestors.add(parent)
+            parent = elements[parent].parent
+        for i in range(j):
+            (a, b), (c, d) = spans[i], spans[j]
+            if (i in ancestors and not a <= c <= d <= b) or (i not in ancestors and c < b and a < d):
+                return False
+    return True
+
+
+def _with_tags(translation: str, elements: list[Inline], spans: list[tuple[int, int]]) -> str:
+    """The translation, html-escaped, with each element's tags around its span."""
+    depth = [0] * len(elements)
+    for k, element in enumerate(elements):
+        depth[k] = 0 if element.parent is None else depth[element.parent] + 1
+    marks = sorted(
+        [(a, 1, depth[k], element.opening) for k, (element, (a, _)) in enumerate(zip(elements, spans, strict=True))]
+        + [(b, 0, -depth[k], element.closing) for k, (element, (_, b)) in enumerate(zip(elements, spans, strict=True))]
+    )
+    parts, at = [], 0
+    for position, _, _, tag in marks:
+        parts += [html.escape(translation[at:position], quote=False), tag]
+        at = position
+    return "".join([*parts, html.escape(translation[at:], quote=False)])
 
 
 # Cutting a long sentence

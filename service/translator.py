@@ -120,8 +120,8 @@ class Translator:
         documents = [split(text.clean(t)) for t in texts]
         self._check_sentences(sum(len(doc.sentences) for doc in documents))  # before any token is counted
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
-        sentences = [s for doc in documents for s in doc.sentences]
-        self._check_sentences(len(sentences), cut=True)  # cutting long sentences made more
+        sentences = [s for doc in documents for s in doc.texts]
+        self._check_sentences(len(sentences), cut=True)  # cutting long sentences (and inline tags' pieces) made more
         masks = [self.masked(s) for s in sentences]
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
         return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
@@ -274,9 +274,9 @@ class Translator:
         """Per document: its sentences' best hypotheses joined; alternative k joins each sentence's k-th."""
         texts, alternatives, scores, offset = [], [], [], 0
         for doc in prepared.documents:
-            mine = hypotheses[offset : offset + len(doc.sentences)]
-            masks = prepared.masks[offset : offset + len(doc.sentences)]
-            offset += len(doc.sentences)
+            mine = hypotheses[offset : offset + len(doc.texts)]
+            masks = prepared.masks[offset : offset + len(doc.texts)]
+            offset += len(doc.texts)
             decoded = [
                 [masked.unmask(self.tokenizer.decode(h.tokens)) for h in sentence]
                 for sentence, masked in zip(mine, masks, strict=True)
@@ -285,7 +285,8 @@ class Translator:
             alternatives.append(
                 [doc.join([d[min(k, len(d) - 1)] for d in decoded]) for k in range(1, options.alternatives + 1)]
             )
-            scores.append(sum(s[0].score for s in mine) / len(mine) if mine else 0.0)
+            shown = mine[: len(doc.sentences)]  # not the pieces of tagged sentences (text.Tagged)
+            scores.append(sum(s[0].score for s in shown) / len(shown) if shown else 0.0)
         return texts, alternatives, scores
 
 

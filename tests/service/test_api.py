@@ -3,6 +3,8 @@ compatibility, our extras, and every error path with its status and message."""
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -134,6 +136,24 @@ def test_html_keeps_tags(client: TestClient, model_dir: Path) -> None:
         json={"q": "<p>Open the file.</p><code>x = 1</code>", "source": "en", "target": "fr", "format": "html"},
     ).json()
     assert body["translatedText"].startswith("<p>") and body["translatedText"].endswith("</p><code>x = 1</code>")
+
+
+def test_html_a_sentence_runs_through_its_inline_tags(client: TestClient, model_dir: Path) -> None:
+    """The sentence is translated whole, its pieces between tags too: the answer is the whole translation with
+    the tags around its words, or, where the tiny random model's words do not allow it, the pieces' translations
+    between the tags, as written."""
+    q = "<p>Open the <b>file</b> now.</p>"
+    body = client.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
+    answer = body["translatedText"]
+    assert answer.startswith("<p>") and answer.endswith("</p>")
+    assert answer.count("<b>") == answer.count("</b>") == 1 and answer.index("<b>") < answer.index("</b>")
+    words = html.unescape(re.sub("</?[pb]>", "", answer))
+    pieces = [solo(model_dir, s) for s in ("Open the", "file", "now.")]
+    assert words in (solo(model_dir, "Open the file now."), " ".join(pieces)), answer
+    assert body["usage"]["input_tokens"] == sum(
+        len(Tokenizer.from_folder(load_model_folder(model_dir)).encode(s, "fr"))
+        for s in ("Open the file now.", "Open the", "file", "now.")
+    )
 
 
 @pytest.mark.parametrize("q", ["", "   ", "\n\n", "\r\n", "\x0b\x85\u2028", " \u2060\u202a\u202c "])

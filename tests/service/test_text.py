@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service.errors import InvalidRequest, TooLarge
-from service.text import Document, clean, limit_sentence, model_input, split, split_html, split_text
+from service.text import Document, Inline, clean, limit_sentence, model_input, split, split_html, split_text
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -25,7 +25,7 @@ def pieces(text: str) -> int:
 
 
 def rebuilt(doc: Document) -> str:
-    return doc.join(doc.sentences)
+    return doc.join(doc.texts)
 
 
 # clean
@@ -211,9 +211,113 @@ def test_html_whitespace_references_are_separators() -> None:
     assert doc.separators == ["<td>&nbsp;", "&#32;", "&nbsp;</td>"]
 
 
-def test_html_text_nodes_are_split_around_inline_tags_and_across_newlines() -> None:
+def test_html_sentences_run_through_inline_tags_and_across_newlines() -> None:
     doc = split_html("<p>This is <b>bold</b> text that\n  wraps. Next one.<br>After</p>")
+    assert doc.sentences == ["This is bold text that\n  wraps.", "Next one.", "After"]
+    assert doc.originals[0] == "This is <b>bold</b> text that\n  wraps."
+    assert doc.separators == ["<p>", " ", "<br>", "</p>"]
+    [(index, tagged)] = doc.tagged.items()
+    assert index == 0 and tagged.elements == [Inline(8, 12, "<b>", "</b>", None)]
+    assert tagged.pieces.sentences == ["This is", "bold", "text that\n  wraps."]  # as the tags split it before
+    assert doc.texts == [*doc.sentences, *tagged.pieces.sentences]
+
+
+def test_html_every_tag_ends_a_sentence_when_inline_is_off() -> None:
+    doc = split_html("<p>This is <b>bold</b> text that\n  wraps. Next one.<br>After</p>", inline=False)
     assert doc.sentences == ["This is", "bold", "text that\n  wraps.", "Next one.", "After"]
+    assert not doc.tagged
+
+
+@pytest.mark.parametrize(
+    ("markup", "sentences", "tagged"),
+    [
+        # an element around whole sentences, or around none, stays between them as written
+        ("<b>Whole one.</b> And <i>two</i>.", ["Whole one.", "And two."], {1: ["<i>"]}),
+        ("<em>One. Two.</em>", ["One.", "Two."], {}),
+        ("• <b>•</b> Go.", ["Go."], {}),
+        # nested, and side by side
+        ("Press <kbd>Ctrl</kbd>+<kbd>S</kbd> now.", ["Press Ctrl+S now."], {0: ["<kbd>", "<kbd>"]}),
+        ("<a href='x'>Open <b>it</b></a> now.", ["Open it now."], {0: ["<a href='x'>", "<b>"]}),
+        ("Then <SPAN class=\"k\">this</SPAN>.", ["Then this."], {0: ['<SPAN class="k">']}),
+        # what every tag still splits: tags that do not pair, an empty element beside or in a sentence, one that
+        # runs out of its sentence, other elements, self-closing and void ones
+        ("Open <b>the file.", ["Open", "the file."], {}),
+        ("Open </b>the file.", ["Open", "the file."], {}),
+        ("Open <b>the <i>file</b> now</i>.", ["Open", "the", "file", "now"], {}),
+        ("Open <a name=x></a>the file.", ["Open", "the file."], {}),
+        ("<b>Cross. Over</b> it.", ["Cross.", "Over", "it."], {}),
+        ("Open <code>x</code> now.", ["Open", "now."], {}),
+        ("Open <span/>the file.", ["Open", "the file."], {}),
+        ("Open <img src=x> the file.", ["Open", "the file."], {}),
+    ],
+)
+def test_html_which_inline_elements_a_sentence_keeps(markup: str, sentences: list[str], tagged: dict) -> None:
+    doc = split_html(markup)
+    assert doc.sentences == sentences
+    assert {i: [e.opening for e in t.elements] for i, t in doc.tagged.items()} == tagged
+    assert rebuilt(doc) == markup
+
+
+def test_html_tags_go_around_the_words_of_the_whole_translation() -> None:
+    doc = split_html("<p>Click <b>Save</b> to keep your work.</p>")
+    whole, pieces = "Cliquez sur Enregistrer pour conserver votre travail.", ["Cliquez", "Enregistrer", "pour garder"]
+    assert doc.join([whole, *pieces]) == "<p>Cliquez sur <b>Enregistrer</b> pour conserver votre travail.</p>"
+    # case aside; the words as written where the model keeps them (a name); escaped
+    doc = split_html("Ask <a href='/u/1'>Ann</a> &amp; <b>save</b> it.")
+    out = doc.join(["Demandez à Ann & enregistrez <x>.", "Demandez à", "Anne", "Enregistrer", "le"])
+    assert out == "Demandez à <a href='/u/1'>Ann</a> &amp; <b>enregistrez</b> &lt;x&gt;."
+
+
+def test_html_tags_go_to_the_occurrence_nearest_where_they_stood() -> None:
+    doc = split_html("The file, the <b>file</b> and the file.")
+    translation = "Le fichier, le fichier et le fichier."
+    assert doc.join([translation, "Le fichier,", "fichier", "et le fichier."]) == (
+        "Le fichier, le <b>fichier</b> et le fichier."
+    )
+
+
+def test_html_tags_go_around_words_like_their_own_translation() -> None:
+    """The whole sentence's agreement ("nouvelle") rather than the word's alone ("nouveau")."""
+    doc = split_html("The <em>new</em> version is faster.")
+    out = doc.join(["La nouvelle version est plus rapide.", "Le", "nouveau", "version est plus rapide."])
+    assert out == "La <em>nouvelle</em> version est plus rapide."
+
+
+def test_html_nested_and_reordered_elements() -> None:
+    doc = split_html("Read <a href=t>the <b>terms</b></a> and <i>rules</i>.")
+    whole = "Lisez les règles et les conditions."
+    pieces = ["Lire", "les", "conditions", "et", "règles"]
+    assert doc.join([whole, *pieces]) == "Lisez les <i>règles</i> et <a href=t>les <b>conditions</b></a>."
+
+
+def test_html_tags_fall_back_to_the_pieces_when_the_translation_lost_their_words() -> None:
+    """The model dropped "Save" from the whole sentence: the answer is the pieces' translations, as before."""
+    doc = split_html("<p>Click <b>Save</b> to keep your work.</p>")
+    out = doc.join(["Cliquez pour conserver votre travail.", "Cliquez", "Enregistrer", "pour conserver votre travail."])
+    assert out == "<p>Cliquez <b>Enregistrer</b> pour conserver votre travail.</p>"
+    # or when the words found would not nest as the elements do
+    doc = split_html("<a href=x>Open <b>it</b></a> now.")
+    out = doc.join(["Ouvrez maintenant le.", "Ouvrez", "le", "maintenant."])
+    assert out == "<a href=x>Ouvrez <b>le</b></a> maintenant."
+
+
+def test_html_an_untranslated_tagged_sentence_comes_back_as_written() -> None:
+    markup = "Use <b>&lt;Ctrl&gt;</b> &amp; go."
+    doc = split_html(markup)
+    assert doc.sentences == ["Use <Ctrl> & go."]
+    assert doc.join(doc.texts) == markup
+
+
+def test_expand_keeps_a_tagged_sentence_within_the_limit_and_cuts_its_pieces_past_it() -> None:
+    markup = "<p>Open <b>the file</b> now. Then one two three four <i>five</i> six seven eight.</p>"
+    doc = split_html(markup)
+    expanded = doc.expand(words, 5)
+    assert expanded.sentences == ["Open the file now.", "Then one two three", "four", "five", "six seven eight."]
+    assert list(expanded.tagged) == [0] and expanded.origins == [0, 1, 1, 1, 1]
+    assert expanded.texts[5:] == ["Open", "the file", "now."]
+    assert expanded.join(expanded.texts) == markup
+    out = expanded.join(["Ouvrez le fichier.", "A", "B", "C", "D", "Ouvrez", "le fichier", "maintenant."])
+    assert out == "<p>Ouvrez <b>le fichier</b>. A B <i>C</i> D</p>"
 
 
 @pytest.mark.parametrize(
@@ -362,6 +466,11 @@ MARKUP = st.lists(
     max_size=40,
 ).map("".join)
 ANY = st.text(st.characters(exclude_categories=()), max_size=200)
+INLINE_TAGS = ["<b>", "</b>", "<i>", "</i>", "<a href='x'>", "</a>", "<span/>", "<br>", "<p>", "</p>", "<!-- c -->"]
+TAGGED = st.lists(
+    st.sampled_from([*INLINE_TAGS, "Open", " the", " file", ".", " Now", "Ab.", " ", "\n", "&amp;", "&am", "p;", "•"]),
+    max_size=40,
+).map("".join)
 
 
 @given(st.one_of(PROSE, ANY, MARKUP))
@@ -374,7 +483,7 @@ def test_split_text_identity(text: str) -> None:
     assert doc.origins == list(range(len(doc.sentences)))
 
 
-@given(st.one_of(MARKUP, PROSE, ANY))
+@given(st.one_of(MARKUP, PROSE, ANY, TAGGED))
 @example("a&\xa0\u2028\xa0")  # "&" + spaces html.unescape leaves alone: plain text, not a reference
 @example("Tom&ampx Jerry&ampx\xa0")  # "&amp" replaced, "x" left as text
 @FAST
@@ -383,11 +492,28 @@ def test_split_html_identity(markup: str) -> None:
     assert rebuilt(doc) == markup
     assert all(s and s == s.strip() for s in doc.sentences)
     assert all(
-        html.unescape(original) == sentence for original, sentence in zip(doc.originals, doc.sentences, strict=True)
+        html.unescape(re.sub("<[^>]*>", "", original) if i in doc.tagged else original) == sentence
+        for i, (original, sentence) in enumerate(zip(doc.originals, doc.sentences, strict=True))
     )
 
 
-@given(st.one_of(PROSE, MARKUP, ANY), st.sampled_from([split_text, split_html]), st.integers(3, 12))
+@given(TAGGED, st.data())
+@example("Open <b>the</b> file.", None)
+@FAST
+def test_any_translation_keeps_every_tag_once(markup: str, data: st.DataObject | None) -> None:
+    """Whatever the model answers for a sentence and its pieces, each tag comes back once (a translation's own "<b>"
+    is escaped, so never counts)."""
+    doc = split_html(markup).expand(pieces, 6)
+    translations = [
+        data.draw(st.sampled_from(["", "<b>", "le fichier", "Open", "file x", "the the", t.upper()])) if data else t
+        for t in doc.texts
+    ]
+    out = doc.join(translations)
+    tags = re.compile("|".join(re.escape(t) for t in INLINE_TAGS))
+    assert sorted(tags.findall(out)) == sorted(tags.findall(markup))
+
+
+@given(st.one_of(PROSE, MARKUP, ANY, TAGGED), st.sampled_from([split_text, split_html]), st.integers(3, 12))
 @FAST
 def test_expand_identity(text: str, splitter, limit: int) -> None:  # noqa: ANN001
     doc = splitter(text)

@@ -1,0 +1,133 @@
+"""Inline HTML tags: what translating a sentence whole through its tags (service/text.py, Tagged) gives against
+translating the text between its tags piece by piece, as every tag did before, on the test set.
+
+Each of the test set's first N sentences of at least 4 words has 1-3 of its words wrapped in `<b>`...`</b>`
+(the span drawn with a fixed seed), and is translated through the server's own text path (`Translator`, its
+scheduler in this process, format html) three ways: whole through its tags (the server's way), split at its tags
+(`split_html(inline=False)`), and without the tags at all (plain text, the ceiling). Prints, for each, BLEU and
+chrF of the answers with their tags taken out against the references, target tokens/s and source tokens read;
+for the whole way, how many answers took the tags into the whole translation and how many fell back to the
+pieces between the tags.
+
+    python -m bench.inline                     # the default model, 500 sentences (~1 min)
+    python -m bench.inline --sentences 2000 --model models/en-fr
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import html
+import random
+import re
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from functools import partial
+from pathlib import Path
+
+import sacrebleu
+
+from bench.machine import describe, headline
+from service import text
+from service.arguments import description_of, positive_int
+from service.metrics import Metrics
+from service.settings import Settings
+from service.translator import TranslateOptions, Translator, load_translators
+
+ROOT = Path(__file__).resolve().parent.parent
+TAG = re.compile(r"</?b>")
+
+
+def tagged(sentence: str, rng: random.Random) -> str:
+    """The sentence, html-escaped, with 1-3 of its words (not the first) in <b>."""
+    words = html.escape(sentence, quote=False).split(" ")
+    size = rng.randint(1, min(3, len(words) - 1))
+    start = rng.randint(1, len(words) - size)
+    return " ".join([*words[:start], "<b>" + " ".join(words[start : start + size]) + "</b>", *words[start + size :]])
+
+
+@contextmanager
+def pieces_only() -> Iterator[None]:
+    """split_html as before inline elements: every tag ends a sentence."""
+    whole = text.split_html
+    text.split_html = partial(whole, inline=False)
+    try:
+        yield
+    finally:
+        text.split_html = whole
+
+
+def translate(translator: Translator, texts: list[str], fmt: str) -> tuple[list[str], float, int, int]:
+    """(answers, seconds, source tokens, target tokens): the texts in requests of 16, 4 at a time."""
+    options = TranslateOptions(html=fmt == "html")
+
+    async def run() -> list[tuple[list[str], int, int]]:
+        chunks = [texts[i : i + 16] for i in range(0, len(texts), 16)]
+        gate = asyncio.Semaphore(4)
+
+        async def one(chunk: list[str]) -> tuple[list[str], int, int]:
+            async with gate:
+                answer = await translator.translate(chunk, "fr", options)
+                return answer.texts, answer.input_tokens, answer.output_tokens
+
+        return await asyncio.gather(*(one(chunk) for chunk in chunks))
+
+    started = time.perf_counter()
+    results = asyncio.run(run())
+    seconds = time.perf_counter() - started
+    answers = [t for texts_, _, _ in results for t in texts_]
+    return answers, seconds, sum(r[1] for r in results), sum(r[2] for r in results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.inline", description=description_of(__doc__))
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "en-fr")
+    parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en, test.fr")
+    parser.add_argument("--sentences", type=positive_int, default=500)
+    args = parser.parse_args(argv)
+    sources = (args.corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    references = (args.corpus / "test.fr").read_text(encoding="utf-8").splitlines()
+    pairs = [(s, r) for s, r in zip(sources, references, strict=True) if len(s.split(" ")) >= 4][: args.sentences]
+    rng = random.Random(0)
+    marked = [tagged(s, rng) for s, _ in pairs]
+    settings = Settings(models_dir=args.model.parent, models=[args.model.name], engine_process=False)
+    [translator] = load_translators(settings, Metrics())
+    translator.scheduler.start()
+    print(headline(describe()), flush=True)
+    print(f"{args.model.name}, {len(pairs)} test sentences with 1-3 words in <b>, variant {translator.variant}")
+    try:
+        translate(translator, marked[:32], "html")  # warm
+        ways = [
+            ("whole through its tags", marked, "html", nullcontext()),
+            ("split at its tags (before)", marked, "html", pieces_only()),
+            ("no tags (plain text)", [s for s, _ in pairs], "text", nullcontext()),
+        ]
+        rows = []
+        for name, texts, fmt, way in ways:
+            with way:
+                answers, seconds, read, written = translate(translator, texts, fmt)
+            plain = [html.unescape(TAG.sub("", a)) for a in answers]
+            refs = [[r for _, r in pairs]]
+            bleu, chrf = sacrebleu.corpus_bleu(plain, refs).score, sacrebleu.corpus_chrf(plain, refs).score
+            rows.append((name, bleu, chrf, seconds, read, answers))
+    finally:
+        translator.scheduler.stop()
+    print("| way | BLEU | chrF | seconds | sentences/s | source tokens read |\n|---|---:|---:|---:|---:|---:|")
+    for name, bleu, chrf, seconds, read, _ in rows:
+        print(f"| {name} | {bleu:.2f} | {chrf:.2f} | {seconds:.2f} | {len(pairs) / seconds:,.0f} | {read:,} |")
+    new, before, plain = ([html.unescape(TAG.sub("", a)) for a in row[5]] for row in rows)
+    whole = sum(n == p for n, p in zip(new, plain, strict=True))
+    pieces = sum(n == b != p for n, b, p in zip(new, before, plain, strict=True))
+    print(
+        f"\nwhole through its tags: {whole} of {len(pairs)} answers are the plain text's translation with the tags in "
+        f"it, {pieces} those of the pieces between the tags (no words for an element, or none that nest), "
+        f"{len(pairs) - whole - pieces} neither (a whole translation that differs from the plain text's: other rows "
+        "in its batches round the int8 products differently)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
