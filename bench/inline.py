@@ -2,15 +2,15 @@
 translating the text between its tags piece by piece, as every tag did before, on the test set.
 
 Each of the test set's first N sentences of at least 4 words has 1-3 of its words wrapped in `<b>`...`</b>`
-(the span drawn with a fixed seed), and is translated through the server's own text path (`Translator`, its
-scheduler in this process, format html) three ways: whole through its tags (the server's way), split at its tags
-(`split_html(inline=False)`), and without the tags at all (plain text, the ceiling). Prints, for each, BLEU and
-chrF of the answers with their tags taken out against the references, target tokens/s and source tokens read;
-for the whole way, how many answers took the tags into the whole translation and how many fell back to the
-pieces between the tags.
+(the span drawn with a fixed seed). They are sent in requests of `--per-request` sentences, `--clients` at a time,
+through the server's own text path (`Translator`, its scheduler in this process, format html), three ways: whole
+through their tags (the server's way), split at their tags (`split_html(inline=False)`), and without the tags at
+all (plain text, the ceiling). Prints, for each, BLEU and chrF of the answers with their tags taken out against
+the references, the wall time and the source tokens read; for the whole way, how many answers took the tags into
+the whole translation and how many fell back to the pieces between the tags.
 
-    python -m bench.inline                     # the default model, 500 sentences (~1 min)
-    python -m bench.inline --sentences 2000 --model models/en-fr
+    python -m bench.inline                                   # the default model, 500 sentences, 32 clients (~30 s)
+    python -m bench.inline --per-request 16 --clients 4     # documents of 16 sentences, 4 at a time
 """
 
 from __future__ import annotations
@@ -59,13 +59,16 @@ def pieces_only() -> Iterator[None]:
         text.split_html = whole
 
 
-def translate(translator: Translator, texts: list[str], fmt: str) -> tuple[list[str], float, int, int]:
-    """(answers, seconds, source tokens, target tokens): the texts in requests of 16, 4 at a time."""
+def translate(
+    translator: Translator, texts: list[str], fmt: str, per_request: int, clients: int
+) -> tuple[list[str], float, int, int]:
+    """(answers, seconds, source tokens, target tokens): the texts in requests of `per_request`, `clients` at a
+    time."""
     options = TranslateOptions(html=fmt == "html")
 
     async def run() -> list[tuple[list[str], int, int]]:
-        chunks = [texts[i : i + 16] for i in range(0, len(texts), 16)]
-        gate = asyncio.Semaphore(4)
+        chunks = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
+        gate = asyncio.Semaphore(clients)
 
         async def one(chunk: list[str]) -> tuple[list[str], int, int]:
             async with gate:
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "en-fr")
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds test.en, test.fr")
     parser.add_argument("--sentences", type=positive_int, default=500)
+    parser.add_argument("--per-request", type=positive_int, default=1, help="sentences a request")
+    parser.add_argument("--clients", type=positive_int, default=32, help="requests at a time")
     args = parser.parse_args(argv)
     sources = (args.corpus / "test.en").read_text(encoding="utf-8").splitlines()
     references = (args.corpus / "test.fr").read_text(encoding="utf-8").splitlines()
@@ -96,9 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     [translator] = load_translators(settings, Metrics())
     translator.scheduler.start()
     print(headline(describe()), flush=True)
-    print(f"{args.model.name}, {len(pairs)} test sentences with 1-3 words in <b>, variant {translator.variant}")
+    print(
+        f"{args.model.name}, {len(pairs)} test sentences with 1-3 words in <b>, variant {translator.variant}, "
+        f"{args.clients} requests of {args.per_request} at a time"
+    )
     try:
-        translate(translator, marked[:32], "html")  # warm
+        translate(translator, marked[:32], "html", args.per_request, args.clients)  # warm
         ways = [
             ("whole through its tags", marked, "html", nullcontext()),
             ("split at its tags (before)", marked, "html", pieces_only()),
@@ -107,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for name, texts, fmt, way in ways:
             with way:
-                answers, seconds, read, written = translate(translator, texts, fmt)
+                answers, seconds, read, _ = translate(translator, texts, fmt, args.per_request, args.clients)
             plain = [html.unescape(TAG.sub("", a)) for a in answers]
             refs = [[r for _, r in pairs]]
             bleu, chrf = sacrebleu.corpus_bleu(plain, refs).score, sacrebleu.corpus_chrf(plain, refs).score
