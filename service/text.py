@@ -10,7 +10,7 @@ import html.entities
 import logging
 import re
 import unicodedata
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -68,6 +68,7 @@ INLINE = frozenset(
     + ["q", "s", "samp", "small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u", "var"]
 )
 _WORD = re.compile(r"\w+")
+_REACH = 24  # words either side of where an element stood that its words are looked for, when not found as such
 _NEAR = 0.65  # how like an element's words (difflib's ratio) the words of the translation it goes around must be
 
 
@@ -582,31 +583,48 @@ def _run_parts(
     source: _Source, tags: list[_Tag], spans: list[tuple[int, int]], owner: list[int | None]
 ) -> list[str | tuple[str, str, None, Tagged | None]] | None:
     """What is kept and the sentences, in order, with each tag where it stood; None if that order would not
-    rebuild the run as written."""
+    rebuild the run as written. Linear in the run's tags and sentences."""
     parts: list[str | tuple[str, str, None, Tagged | None]] = []
-    done, emitted = 0, [False] * len(tags)
+    pending = 0  # tags before this one are placed
+    placed = [False] * len(tags)
+    mine: dict[int | None, list[_Tag]] = {}
+    for k, tag in enumerate(tags):
+        mine.setdefault(owner[k], []).append(tag)
 
-    def raw_with_tags(start: int, end: int, sentence: int | None) -> str:
-        """source.raw[start:end] with the tags standing in [start, end] that belong to `sentence` put back."""
-        pieces, at = [], start
-        for k, tag in enumerate(tags):
-            if not emitted[k] and owner[k] == sentence and start <= tag.raw_at <= end:
+    def raw_with_tags(start: int, end: int, sentence: int | None) -> str | None:
+        """source.raw[start:end] with the tags that stand in [start, end] and belong to `sentence` put back; None
+        if one that stands inside it belongs elsewhere."""
+        nonlocal pending
+        pieces, at, k = [], start, pending
+        while k < len(tags) and tags[k].raw_at <= end:
+            tag = tags[k]
+            if not placed[k] and owner[k] == sentence and tag.raw_at >= start:
                 pieces += [source.raw[at : tag.raw_at], tag.raw]
-                at, emitted[k] = tag.raw_at, True
+                at, placed[k] = tag.raw_at, True
+            elif not placed[k] and start < tag.raw_at < end:
+                return None
+            k += 1
+        while pending < len(tags) and placed[pending]:
+            pending += 1
         return "".join([*pieces, source.raw[at:end]])
 
+    done = 0
     for j, (start, end) in enumerate(spans):
-        mine = [tag for k, tag in enumerate(tags) if owner[k] == j]
-        raw_start = min([source.to_raw(start), *(tag.raw_at for tag in mine)])
-        raw_end = max([source.to_raw(end), *(tag.raw_at for tag in mine)])
-        parts.append(raw_with_tags(done, raw_start, None))
-        original = raw_with_tags(raw_start, raw_end, j)
-        tagged = Tagged(_elements(mine, start, end), split_html(original, inline=False)) if mine else None
-        parts.append((source.text[start:end], original, None, tagged))
+        inner = mine.get(j, [])
+        raw_start = min([source.to_raw(start), *(tag.raw_at for tag in inner)])
+        raw_end = max([source.to_raw(end), *(tag.raw_at for tag in inner)])
+        before, original = raw_with_tags(done, raw_start, None), raw_with_tags(raw_start, raw_end, j)
+        if before is None or original is None:
+            return None
+        tagged = Tagged(_elements(inner, start, end), split_html(original, inline=False)) if inner else None
+        parts += [before, (source.text[start:end], original, None, tagged)]
         done = raw_end
-    parts.append(raw_with_tags(done, len(source.raw), None))
+    after = raw_with_tags(done, len(source.raw), None)
+    if after is None:
+        return None
+    parts.append(after)
     written = "".join(part if isinstance(part, str) else part[1] for part in parts)
-    return parts if all(emitted) and written == _rebuilt(source.raw, tags) else None
+    return parts if all(placed) and written == _rebuilt(source.raw, tags) else None
 
 
 def _rebuilt(raw: str, tags: list[_Tag]) -> str:
@@ -642,8 +660,10 @@ def _joined(items: list[str | _Tag]) -> tuple[_Source, list[_Tag]]:
 
 def _owners(text: str, tags: list[_Tag], spans: list[tuple[int, int]]) -> list[int | None] | None:
     """For each tag, the sentence whose element it belongs to (None: it stays between sentences); None when the
-    tags do not pair, or an element is empty inside a sentence or runs out of one."""
+    tags do not pair, or an element is empty beside or inside a sentence or runs out of one. Sentences are found
+    by bisection: linear in the tags, whatever the number of sentences."""
     owner: list[int | None] = [None] * len(tags)
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
     open_: list[int] = []
     for k, tag in enumerate(tags):
         if not tag.closing:
@@ -653,13 +673,15 @@ def _owners(text: str, tags: list[_Tag], spans: list[tuple[int, int]]) -> list[i
             return None
         first = open_.pop()
         start, end = _trimmed(text, tags[first].text_at, tag.text_at)
-        within = [j for j, (s, e) in enumerate(spans) if s <= start and end <= e and (s, e) != (start, end)]
         if start >= end:  # nothing but whitespace: beside or inside a sentence, nowhere to go in its translation
-            if any(s <= start <= e for s, e in spans):
+            j = bisect_right(starts, start) - 1
+            if j >= 0 and start <= ends[j]:
                 return None
-        elif within:
-            owner[first] = owner[k] = within[0]
-        elif any(max(start, s) < min(end, e) and not (start <= s and e <= end) for s, e in spans):
+            continue
+        lo, hi = bisect_right(ends, start), bisect_left(starts, end)  # the sentences the element overlaps
+        if hi - lo == 1 and starts[lo] <= start and end <= ends[lo] and (starts[lo], ends[lo]) != (start, end):
+            owner[first] = owner[k] = lo  # inside one sentence
+        elif hi > lo and not (start <= starts[lo] and ends[hi - 1] <= end):
             return None  # part of a sentence and part of what is outside it, or of another sentence
     return None if open_ else owner
 
@@ -735,19 +757,23 @@ def _word_edge(text: str, at: int) -> bool:
 
 def _nearly(translation: str, candidates: list[str], centre: float) -> tuple[int, int] | None:
     """The run of whole words most like a candidate of at most 12 words (difflib's ratio, at least _NEAR), the
-    nearest the centre among equals."""
+    nearest the centre among equals; runs starting within _REACH words of the centre."""
     words = [match.span() for match in _WORD.finditer(translation)]
+    middle = bisect_right(words, centre, key=lambda span: span[0])
     best: tuple[float, float, tuple[int, int]] | None = None
     for candidate in candidates:
         n = len(_WORD.findall(candidate))
         if not 0 < n <= 12:
             continue
+        matcher = SequenceMatcher(None, b=candidate.lower())  # what it learns of b serves every window
         for size in range(max(1, n - 1), n + 2):
-            for i in range(len(words) - size + 1):
+            for i in range(max(0, middle - _REACH - size), min(len(words) - size + 1, middle + _REACH)):
                 a, b = words[i][0], words[i + size - 1][1]
-                ratio = SequenceMatcher(None, translation[a:b].lower(), candidate.lower()).ratio()
-                key = (-ratio, abs((a + b) / 2 - centre), (a, b))
-                if ratio >= _NEAR and (best is None or key < best):
+                matcher.set_seq1(translation[a:b].lower())
+                if matcher.real_quick_ratio() < _NEAR or matcher.quick_ratio() < _NEAR:
+                    continue  # upper bounds of ratio()
+                key = (-matcher.ratio(), abs((a + b) / 2 - centre), (a, b))
+                if -key[0] >= _NEAR and (best is None or key < best):
                     best = key
     return None if best is None else best[2]
 

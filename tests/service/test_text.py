@@ -554,6 +554,9 @@ def test_limit_sentence_loses_nothing(text: str, limit: int) -> None:
         '<a x="' * 100_000,
         "&" * 200_000 + "&amp" * 100_000,
         "«" * 200_000 + " A. «" * 20_000,
+        "Go <b>x</b> y. " * 30_000,
+        "<i>A <b>x</b> y. B</i> c. " * 20_000,
+        "a <b>x</b>" * 50_000,
     ],
     ids=[
         "no-spaces",
@@ -566,12 +569,24 @@ def test_limit_sentence_loses_nothing(text: str, limit: int) -> None:
         "quotes",
         "ampersands",
         "openers",
+        "tagged-sentences",
+        "tags-around-sentences",
+        "tags-in-one-sentence",
     ],
 )
 def test_hostile_input_is_linear_and_lossless(text: str) -> None:
     for splitter in (split_text, split_html):
         doc = splitter(text)
         assert rebuilt(doc) == text
+
+
+@pytest.mark.timeout(30)
+def test_placing_many_inline_elements_looks_near_each_one() -> None:
+    """1,000 elements each found only as a like run of words ("maisons" for "maison"): each is looked for near
+    where it stood, not over the whole translation."""
+    doc = split_html("a <b>house</b> " * 1_000 + "end.")
+    translations = ["une maisons " * 1_000 + "fin.", *["maison" if s == "house" else "une" for s in doc.texts[1:]]]
+    assert doc.join(translations) == "une <b>maisons</b> " * 1_000 + "fin."
 
 
 @pytest.mark.timeout(30)
