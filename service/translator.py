@@ -121,7 +121,8 @@ class Translator:
         self._check_sentences(sum(len(doc.sentences) for doc in documents))  # before any token is counted
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.texts]
-        self._check_sentences(len(sentences), cut=True)  # cutting long sentences (and inline tags' pieces) made more
+        pieces = len(sentences) - sum(len(doc.sentences) for doc in documents)  # inline tags' (text.Tagged)
+        self._check_sentences(len(sentences), cut=True, pieces=pieces)  # cutting long sentences made more
         masks = [self.masked(s) for s in sentences]
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
         return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
@@ -133,14 +134,17 @@ class Translator:
             return Masked(text.model_input(sentence))
         return mask(text.model_input(sentence, keep_flags=True), self.tokenizer.readable)
 
-    def _check_sentences(self, count: int, cut: bool = False) -> None:
+    def _check_sentences(self, count: int, cut: bool = False, pieces: int = 0) -> None:
         """413 for more sentences than a request may have, or than the whole queue holds (a 503 'retry later' for
-        a request that can never fit would be retried forever). `cut`: counted once long sentences were cut."""
+        a request that can never fit would be retried forever). `cut`: counted once long sentences were cut;
+        `pieces` of them are the text between inline HTML tags, translated besides their sentences."""
         if count <= min(self.settings.max_request_sentences, self.settings.max_queue_sentences):
             return  # (every request: no message built)
         has = f"the request has {count} sentences" + (
             f" once its sentences are cut to {self.max_source_tokens} tokens (MT_MAX_SENTENCE_TOKENS)" if cut else ""
         )
+        if pieces:
+            has += f", {pieces} of them the text between inline tags, translated besides the sentences they are in"
         if count > self.settings.max_request_sentences:
             raise TooLarge(f"{has}; the limit is {self.settings.max_request_sentences}")
         if count > self.settings.max_queue_sentences:

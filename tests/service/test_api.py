@@ -428,3 +428,16 @@ def test_a_request_that_has_too_many_sentences_once_cut_says_so(model_dir: Path)
     assert response.status_code == 413
     error = response.json()["error"]
     assert " sentences once its sentences are cut to 8 tokens (MT_MAX_SENTENCE_TOKENS); the limit is 3" in error
+
+
+def test_a_request_whose_inline_tags_make_too_many_sentences_says_so(model_dir: Path) -> None:
+    """Two sentences, each translated besides its three pieces between tags: 8 against a limit of 4."""
+    q = "<p>Open the <b>file</b> now.</p><p>Save <i>it</i> too.</p>"
+    with TestClient(create_app(settings_for(model_dir, max_request_sentences=4))) as c:
+        response = c.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"})
+        assert response.status_code == 413
+        assert response.json()["error"] == (
+            "the request has 8 sentences once its sentences are cut to 200 tokens (MT_MAX_SENTENCE_TOKENS), 6 of "
+            "them the text between inline tags, translated besides the sentences they are in; the limit is 4"
+        )
+        assert c.post("/translate", json={"q": q, "source": "en", "target": "fr"}).status_code == 200  # as text
