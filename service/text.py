@@ -616,7 +616,7 @@ def _run_parts(
         before, original = raw_with_tags(done, raw_start, None), raw_with_tags(raw_start, raw_end, j)
         if before is None or original is None:
             return None
-        tagged = Tagged(_elements(inner, start, end), split_html(original, inline=False)) if inner else None
+        tagged = Tagged(_elements(inner, start, end), _pieces(source.raw, inner, raw_start, raw_end)) if inner else None
         parts += [before, (source.text[start:end], original, None, tagged)]
         done = raw_end
     after = raw_with_tags(done, len(source.raw), None)
@@ -625,6 +625,18 @@ def _run_parts(
     parts.append(after)
     written = "".join(part if isinstance(part, str) else part[1] for part in parts)
     return parts if all(placed) and written == _rebuilt(source.raw, tags) else None
+
+
+def _pieces(raw: str, tags: list[_Tag], start: int, end: int) -> Document:
+    """raw[start:end] with these tags, all inside it, put back, split at every tag: split_html(..., inline=False)
+    of a sentence's original, without parsing its markup again."""
+    builder, at = _Builder(markup=True), start
+    for tag in tags:
+        builder.add_text(raw[at : tag.raw_at])
+        builder.keep(tag.raw)
+        at = tag.raw_at
+    builder.add_text(raw[at:end])
+    return builder.build()
 
 
 def _rebuilt(raw: str, tags: list[_Tag]) -> str:

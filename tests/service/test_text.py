@@ -495,6 +495,7 @@ def test_split_html_identity(markup: str) -> None:
         html.unescape(re.sub("<[^>]*>", "", original) if i in doc.tagged else original) == sentence
         for i, (original, sentence) in enumerate(zip(doc.originals, doc.sentences, strict=True))
     )
+    assert all(t.pieces == split_html(doc.originals[i], inline=False) for i, t in doc.tagged.items())
 
 
 @given(TAGGED, st.data())
