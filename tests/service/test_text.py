@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service.errors import InvalidRequest, TooLarge
-from service.text import Document, Inline, clean, limit_sentence, model_input, split, split_html, split_text
+from service.text import Document, Inline, Tagged, clean, limit_sentence, model_input, split, split_html, split_text
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -483,16 +483,36 @@ def test_split_text_identity(text: str) -> None:
     assert doc.origins == list(range(len(doc.sentences)))
 
 
+def between_tags(original: str, tagged: Tagged) -> str:
+    """A tagged sentence's original without its elements' tags, the text between them unescaped piece by piece (a
+    reference never spans a tag), and without the whitespace between its first tag and its first word."""
+    tags = [tag for element in tagged.elements for tag in (element.opening, element.closing)]
+    texts, at, start = [], 0, 0
+    while at < len(original):
+        tag = next((t for t in tags if original.startswith(t, at)), None) if original[at] == "<" else None
+        if tag is None:
+            at += 1
+            continue
+        texts.append(html.unescape(original[start:at]))
+        tags.remove(tag)
+        at = start = at + len(tag)
+    assert not tags  # each tag found once
+    return "".join([*texts, html.unescape(original[start:])]).strip()
+
+
 @given(st.one_of(MARKUP, PROSE, ANY, TAGGED))
 @example("a&\xa0\u2028\xa0")  # "&" + spaces html.unescape leaves alone: plain text, not a reference
 @example("Tom&ampx Jerry&ampx\xa0")  # "&amp" replaced, "x" left as text
+@example("<A> 0</A>A")  # the element's space inside the original, outside the sentence
+@example("Go x &am<b>p;</b> y.")  # "&am" and "p;" are text: no reference across a tag
+@example("'><b><&fjlig;</B>")  # a "<" that starts no tag, in an element
 @FAST
 def test_split_html_identity(markup: str) -> None:
     doc = split_html(markup)
     assert rebuilt(doc) == markup
     assert all(s and s == s.strip() for s in doc.sentences)
     assert all(
-        html.unescape(re.sub("<[^>]*>", "", original) if i in doc.tagged else original) == sentence
+        between_tags(original, doc.tagged[i]) == sentence if i in doc.tagged else html.unescape(original) == sentence
         for i, (original, sentence) in enumerate(zip(doc.originals, doc.sentences, strict=True))
     )
     assert all(t.pieces == split_html(doc.originals[i], inline=False) for i, t in doc.tagged.items())
