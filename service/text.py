@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import html.entities
+import itertools
 import logging
 import re
 import unicodedata
@@ -61,12 +62,21 @@ _TAG_NAME = re.compile(r"</?([A-Za-z][^\s/>]*)")
 _TAG_STOP = re.compile(r"[>\"']")
 _RAW_TEXT_END = {name: re.compile(rf"</{name}[\s/>]", re.IGNORECASE) for name in ("script", "style")}
 _UNTRANSLATED = frozenset({"code", "pre"})  # elements whose text is kept as is (they may hold tags)
+_VOID = frozenset(  # elements without an end tag
+    ["area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"]
+)
 # phrasing elements a sentence runs through (`The <b>red</b> car.`): the sentence is translated whole, and their tags
 # go back around the words of the translation they stand for (Tagged); any other tag ends a sentence
 INLINE = frozenset(
     ["a", "abbr", "b", "bdi", "bdo", "big", "cite", "data", "del", "dfn", "em", "font", "i", "ins", "kbd", "mark"]
-    + ["q", "s", "samp", "small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u", "var"]
+    + ["q", "s", "small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u", "var"]
 )
+# inline elements whose content is kept as written (and any element marked translate="no" or class="notranslate"):
+# inside a sentence the model reads one as a placeholder, %1, %2, ..., which it copies, and the element goes back
+# in its place (Tagged.atoms)
+KEPT_INLINE = frozenset(["code", "samp"])
+_NO_TRANSLATE = re.compile(r"""\s(?:translate\s*=\s*["']?no\b|class\s*=\s*["'][^"']*\bnotranslate\b)""", re.IGNORECASE)
+_NUMBERED = re.compile(r"%(\d+)")
 _WORD = re.compile(r"\w+")
 _REACH = 24  # words either side of where an element stood that its words are looked for, when not found as such
 _NEAR = 0.65  # how like an element's words (difflib's ratio) the words of the translation it goes around must be
@@ -114,12 +124,15 @@ class Tagged:
     """A sentence that inline elements run through. The sentence is translated whole, and `pieces`, its text
     between tags as the sentences of a document of their own (what the tags split before), are translated too.
     Each element goes around the words of the whole translation most like its own words' translation, or its
-    words as written (names, numbers); when one finds none, or they would not nest as the elements do, the answer
-    is the pieces' translations between the tags, as written."""
+    words as written (names, numbers); each element kept as written (`atoms`: code, samp, translate="no") stands
+    in the sentence as a placeholder and goes back where the translation has it. When an element finds no words,
+    they would not nest as the elements do, or a placeholder is not in the translation exactly once, the answer
+    is the pieces' translations between the tags and kept elements, as written."""
 
     elements: list[Inline]
     pieces: Document
     first: int = 0  # where pieces.sentences start in the document's texts
+    atoms: dict[str, str] = field(default_factory=dict)  # placeholder -> an element kept as written, in its place
 
 
 @dataclass(frozen=True)
@@ -197,9 +210,9 @@ class Document:
     def _put_tagged(self, tagged: Tagged, sentence: str, translation: str, translations: Sequence[str]) -> str:
         pieces = translations[tagged.first : tagged.first + len(tagged.pieces.sentences)]
         spans = _project(tagged, sentence, translation, pieces)
-        if spans is None:
+        if spans is None or not _atoms_fit(translation, tagged.atoms, spans):
             return tagged.pieces.join(pieces)
-        return _with_tags(translation, tagged.elements, spans)
+        return _with_tags(translation, tagged.elements, spans, tagged.atoms)
 
 
 def split(text: str, fmt: str) -> Document:
@@ -223,11 +236,14 @@ def split_html(markup: str, inline: bool = True) -> Document:
 
     Tags, comments, doctypes and character references are kept verbatim. An unterminated tag or comment runs
     to the end of the input, as in a browser, and is kept untranslated. A sentence runs through the tags of
-    inline elements (INLINE) that open and close inside it (Tagged); `inline` False: every tag ends a sentence.
+    inline elements (INLINE) that open and close inside it, and code, samp and any inline element marked
+    translate="no" or class="notranslate" inside it stand in it as placeholders (Tagged); another element so
+    marked is kept as written. `inline` False: every tag ends a sentence (and every kept element).
     """
     builder = _Builder(markup=True)
     run = _Run(builder)  # text and inline tags since the last other tag
     inside: Counter[str] = Counter()  # open code/pre elements
+    kept = _kept_elements(markup)  # start tag -> the end of its element, kept as written
     text_start, i = 0, markup.find("<")
     while i != -1:
         end = _markup_end(markup, i)
@@ -237,7 +253,10 @@ def split_html(markup: str, inline: bool = True) -> Document:
         translate = not any(inside.values())
         run.text(markup[text_start:i]) if translate else run.keep(markup[text_start:i])
         name = _inline_tag(markup, i, end) if inline and translate else None
-        if name is not None:
+        if translate and i in kept:  # inline: a placeholder in its sentence; any other: kept between sentences
+            element, text_start = markup[i : kept[i]], kept[i]
+            run.atom(element) if inline and _is_inline(markup, i, end) else run.keep(element)
+        elif name is not None:
             run.tag(markup[i:end], *name)
             text_start = end
         else:
@@ -536,12 +555,21 @@ class _Tag(NamedTuple):
     text_at: int  # ... and in its text to translate
 
 
+class _Atom(NamedTuple):
+    """An element kept as written inside a run: a placeholder in the text to translate."""
+
+    raw: str
+    placeholder: str = ""
+    raw_at: int = 0  # where it starts in the run's text as written, tags left out
+    text_at: int = 0  # ... and in its text to translate (its placeholder)
+
+
 @dataclass
 class _Run:
     """Text and inline tags since the last other markup of an HTML input: one stretch of text to the builder."""
 
     builder: _Builder
-    items: list[str | _Tag] = field(default_factory=list)  # text as written, and tags
+    items: list[str | _Tag | _Atom] = field(default_factory=list)  # text as written, tags, kept elements
 
     def text(self, raw: str) -> None:
         if raw:
@@ -550,37 +578,43 @@ class _Run:
     def tag(self, raw: str, name: str, closing: bool) -> None:
         self.items.append(_Tag(raw, name, closing, 0, 0))
 
+    def atom(self, raw: str) -> None:
+        self.items.append(_Atom(raw))
+
     def keep(self, raw: str) -> None:
         self.flush()
         self.builder.keep(raw)
 
     def flush(self) -> None:
         items, self.items = self.items, []
-        if any(isinstance(item, _Tag) for item in items):
+        if any(not isinstance(item, str) for item in items):
             _add_run(self.builder, items)
         elif items:
             self.builder.add_text("".join(items))  # type: ignore[arg-type]  # all text
 
 
-def _add_run(builder: _Builder, items: list[str | _Tag]) -> None:
+def _add_run(builder: _Builder, items: list[str | _Tag | _Atom]) -> None:
     """Text with inline tags in it: its sentences across the tags. An element inside one sentence becomes that
     sentence's (Tagged); one around whole sentences, or around none, stays between them as written. Where tags
     do not pair, or an element is empty beside or inside a sentence, or runs from one sentence into another or
     out of it, every tag of the run ends a sentence, as other tags do."""
-    source, tags = _joined(items)
-    spans = list(_sentence_spans(source.text, hard_lines=False))
-    owner = _owners(source.text, tags, spans)
-    parts = _run_parts(source, tags, spans, owner) if owner is not None else None
+    joined = _joined(items)
+    parts = None
+    if joined is not None:
+        source, tags, atoms = joined
+        spans = list(_sentence_spans(source.text, hard_lines=False))
+        owner = _owners(source.text, tags, spans)
+        parts = _run_parts(source, tags, atoms, spans, owner) if owner is not None else None
     if parts is None:
         for item in items:
-            builder.keep(item.raw) if isinstance(item, _Tag) else builder.add_text(item)
+            builder.add_text(item) if isinstance(item, str) else builder.keep(item.raw)
         return
     for part in parts:
         builder.keep(part) if isinstance(part, str) else builder.add(*part)
 
 
 def _run_parts(
-    source: _Source, tags: list[_Tag], spans: list[tuple[int, int]], owner: list[int | None]
+    source: _Source, tags: list[_Tag], atoms: list[_Atom], spans: list[tuple[int, int]], owner: list[int | None]
 ) -> list[str | tuple[str, str, None, Tagged | None]] | None:
     """What is kept and the sentences, in order, with each tag where it stood; None if that order would not
     rebuild the run as written. Linear in the run's tags and sentences."""
@@ -616,7 +650,10 @@ def _run_parts(
         before, original = raw_with_tags(done, raw_start, None), raw_with_tags(raw_start, raw_end, j)
         if before is None or original is None:
             return None
-        tagged = Tagged(_elements(inner, start, end), _pieces(source.raw, inner, raw_start, raw_end)) if inner else None
+        kept = [atom for atom in atoms if start <= atom.text_at < end]
+        pieces = _pieces(source.raw, inner, kept, raw_start, raw_end) if inner or kept else None
+        atoms_in = {atom.placeholder: atom.raw for atom in kept}
+        tagged = Tagged(_elements(inner, start, end), pieces, atoms=atoms_in) if pieces is not None else None
         parts += [before, (source.text[start:end], original, None, tagged)]
         done = raw_end
     after = raw_with_tags(done, len(source.raw), None)
@@ -627,14 +664,18 @@ def _run_parts(
     return parts if all(placed) and written == _rebuilt(source.raw, tags) else None
 
 
-def _pieces(raw: str, tags: list[_Tag], start: int, end: int) -> Document:
-    """raw[start:end] with these tags, all inside it, put back, split at every tag: split_html(..., inline=False)
-    of a sentence's original, without parsing its markup again."""
+def _pieces(raw: str, tags: list[_Tag], atoms: list[_Atom], start: int, end: int) -> Document:
+    """raw[start:end] with these tags, all inside it, put back, split at every tag and kept element (as written):
+    split_html(..., inline=False) of a sentence's original, without parsing its markup again."""
+    breaks = sorted(  # in the order written: a tag before a kept element that starts where it stands
+        [(tag.raw_at, 0, k, tag.raw_at, tag.raw) for k, tag in enumerate(tags)]
+        + [(atom.raw_at, 1, k, atom.raw_at + len(atom.raw), atom.raw) for k, atom in enumerate(atoms)]
+    )
     builder, at = _Builder(markup=True), start
-    for tag in tags:
-        builder.add_text(raw[at : tag.raw_at])
-        builder.keep(tag.raw)
-        at = tag.raw_at
+    for position, _, _, after, written in breaks:
+        builder.add_text(raw[at:position])
+        builder.keep(written)
+        at = after
     builder.add_text(raw[at:end])
     return builder.build()
 
@@ -648,16 +689,32 @@ def _rebuilt(raw: str, tags: list[_Tag]) -> str:
     return "".join([*parts, raw[at:]])
 
 
-def _joined(items: list[str | _Tag]) -> tuple[_Source, list[_Tag]]:
-    """The run's text as one _Source (each stretch between tags unescaped on its own) and its tags, placed."""
+def _joined(items: list[str | _Tag | _Atom]) -> tuple[_Source, list[_Tag], list[_Atom]] | None:
+    """The run's text as one _Source (each stretch between tags unescaped on its own, each kept element a
+    placeholder the text holds nowhere else, as a reference to it), its tags and kept elements, placed; None if a
+    kept element stands before a digit or after "%" (its placeholder would run into them)."""
     raws: list[str] = []
     texts: list[str] = []
     references: list[_Reference] = []
     tags: list[_Tag] = []
+    atoms: list[_Atom] = []
+    taken = {int(n) for item in items if isinstance(item, str) for n in _NUMBERED.findall(html.unescape(item))}
+    free = (f"%{n}" for n in itertools.count(1) if n not in taken)
     raw_at = text_at = 0
-    for item in items:
+    for k, item in enumerate(items):
         if isinstance(item, _Tag):
             tags.append(item._replace(raw_at=raw_at, text_at=text_at))
+            continue
+        if isinstance(item, _Atom):
+            after = next((i for i in items[k + 1 :] if isinstance(i, str)), "")
+            if after[:1].isdigit() or (texts and texts[-1].endswith("%")):
+                return None
+            atom = item._replace(placeholder=next(free), raw_at=raw_at, text_at=text_at)
+            atoms.append(atom)
+            references.append(_Reference(text_at, text_at + len(atom.placeholder), raw_at, raw_at + len(item.raw)))
+            raws.append(item.raw)
+            texts.append(atom.placeholder)
+            raw_at, text_at = raw_at + len(item.raw), text_at + len(atom.placeholder)
             continue
         part = _Source.of(item, markup=True)
         references += [
@@ -667,7 +724,7 @@ def _joined(items: list[str | _Tag]) -> tuple[_Source, list[_Tag]]:
         raws.append(item)
         texts.append(part.text)
         raw_at, text_at = raw_at + len(item), text_at + len(part.text)
-    return _Source("".join(raws), "".join(texts), references), tags
+    return _Source("".join(raws), "".join(texts), references), tags, atoms
 
 
 def _owners(text: str, tags: list[_Tag], spans: list[tuple[int, int]]) -> list[int | None] | None:
@@ -804,8 +861,20 @@ def _nests(elements: list[Inline], spans: list[tuple[int, int]]) -> bool:
     return True
 
 
-def _with_tags(translation: str, elements: list[Inline], spans: list[tuple[int, int]]) -> str:
-    """The translation, html-escaped, with each element's tags around its span."""
+def _atoms_fit(translation: str, atoms: dict[str, str], spans: list[tuple[int, int]]) -> bool:
+    """Whether each kept element's placeholder is in the translation exactly once, no element's span cutting it."""
+    found = [match for match in _NUMBERED.finditer(translation) if match.group() in atoms]
+    if sorted(match.group() for match in found) != sorted(atoms):
+        return False
+    edges = {edge for span in spans for edge in span}
+    return not any(match.start() < edge < match.end() for match in found for edge in edges)
+
+
+def _with_tags(
+    translation: str, elements: list[Inline], spans: list[tuple[int, int]], atoms: dict[str, str] | None = None
+) -> str:
+    """The translation, html-escaped, with each element's tags around its span and each kept element in place of
+    its placeholder."""
     depth = [0] * len(elements)
     for k, element in enumerate(elements):
         depth[k] = 0 if element.parent is None else depth[element.parent] + 1
@@ -813,11 +882,54 @@ def _with_tags(translation: str, elements: list[Inline], spans: list[tuple[int, 
         [(a, 1, depth[k], element.opening) for k, (element, (a, _)) in enumerate(zip(elements, spans, strict=True))]
         + [(b, 0, -depth[k], element.closing) for k, (element, (_, b)) in enumerate(zip(elements, spans, strict=True))]
     )
+    def put(text: str) -> str:
+        escaped = html.escape(text, quote=False)
+        return _NUMBERED.sub(lambda m: atoms.get(m.group(), m.group()), escaped) if atoms else escaped
+
     parts, at = [], 0
     for position, _, _, tag in marks:
-        parts += [html.escape(translation[at:position], quote=False), tag]
+        parts += [put(translation[at:position]), tag]
         at = position
-    return "".join([*parts, html.escape(translation[at:], quote=False)])
+    return "".join([*parts, put(translation[at:])])
+
+
+def _kept_elements(markup: str) -> dict[int, int]:
+    """Where each element kept as written (KEPT_INLINE, or marked translate="no" or class="notranslate") starts,
+    and where its end tag ends, nested elements of its name counted; one with no end tag is not in it. One pass
+    over the markup, and none when it names no such element."""
+    lowered = markup.lower()
+    if not any(name in lowered for name in ("<code", "<samp", "translate")):
+        return {}
+    kept: dict[int, int] = {}
+    open_: dict[str, list[tuple[int, bool]]] = {}  # name -> its open start tags: (where, kept)
+    i = markup.find("<")
+    while i != -1:
+        end = _markup_end(markup, i)
+        if end is None:
+            i = markup.find("<", i + 1)
+            continue
+        name = _TAG_NAME.match(markup, i, end)
+        if name is not None and markup.endswith(">", i, end):
+            tag = name.group(1).lower()
+            if markup[i + 1] == "/":
+                if open_.get(tag):
+                    start, keep = open_[tag].pop()
+                    if keep:
+                        kept[start] = end
+            elif tag in _RAW_TEXT_END:
+                close = _RAW_TEXT_END[tag].search(markup, end)
+                end = close.start() if close else len(markup)
+            elif not markup.endswith("/>", i, end) and tag not in _VOID:
+                keep = tag in KEPT_INLINE or _NO_TRANSLATE.search(markup, i, end) is not None
+                open_.setdefault(tag, []).append((i, keep))
+        i = markup.find("<", end)
+    return kept
+
+
+def _is_inline(markup: str, start: int, end: int) -> bool:
+    """Whether the start tag at markup[start:end] is of an inline element (INLINE, KEPT_INLINE)."""
+    name = _TAG_NAME.match(markup, start, end)
+    return name is not None and name.group(1).lower() in INLINE | KEPT_INLINE
 
 
 # Cutting a long sentence

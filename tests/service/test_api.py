@@ -130,6 +130,20 @@ def test_paragraphs_and_sentences_are_kept_in_order(client: TestClient, model_di
     assert body["translatedText"] == expected
 
 
+def test_html_code_inside_a_sentence_comes_back_as_written(client: TestClient, model_dir: Path) -> None:
+    """The sentence goes to the model with a placeholder for the element; the tiny random model does not copy
+    it, so the answer is the pieces' translations around the element, as written."""
+    q = "<p>Open <code>settings.json</code> now.</p>"
+    body = client.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
+    answer = body["translatedText"]
+    assert answer.count("<code>settings.json</code>") == 1 and answer.startswith("<p>") and answer.endswith("</p>")
+    whole, *pieces = (html.escape(solo(model_dir, s), quote=False) for s in ("Open %1 now.", "Open", "now."))
+    assert answer in (
+        "<p>" + whole.replace("%1", "<code>settings.json</code>") + "</p>",
+        f"<p>{pieces[0]} <code>settings.json</code> {pieces[1]}</p>",
+    ), answer
+
+
 def test_html_keeps_tags(client: TestClient, model_dir: Path) -> None:
     body = client.post(
         "/translate",

@@ -246,7 +246,7 @@ def test_html_every_tag_ends_a_sentence_when_inline_is_off() -> None:
         ("Open <b>the <i>file</b> now</i>.", ["Open", "the", "file", "now"], {}),
         ("Open <a name=x></a>the file.", ["Open", "the file."], {}),
         ("<b>Cross. Over</b> it.", ["Cross.", "Over", "it."], {}),
-        ("Open <code>x</code> now.", ["Open", "now."], {}),
+        ("Open <pre>x</pre> now.", ["Open", "now."], {}),
         ("Open <span/>the file.", ["Open", "the file."], {}),
         ("Open <img src=x> the file.", ["Open", "the file."], {}),
     ],
@@ -256,6 +256,60 @@ def test_html_which_inline_elements_a_sentence_keeps(markup: str, sentences: lis
     assert doc.sentences == sentences
     assert {i: [e.opening for e in t.elements] for i, t in doc.tagged.items()} == tagged
     assert rebuilt(doc) == markup
+
+
+@pytest.mark.parametrize(
+    ("markup", "sentence", "atoms"),
+    [
+        ("Run <code>make test</code> now.", "Run %1 now.", {"%1": "<code>make test</code>"}),
+        ("Run <samp>ok</samp> or <CODE>x</CODE>.", "Run %1 or %2.", {"%1": "<samp>ok</samp>", "%2": "<CODE>x</CODE>"}),
+        ('Use <span translate="no">Acme</span> now.', "Use %1 now.", {"%1": '<span translate="no">Acme</span>'}),
+        ("Use <b class='x notranslate'>Acme</b> now.", "Use %1 now.", {"%1": "<b class='x notranslate'>Acme</b>"}),
+        ("A <code>x <code>y</code> z</code> b.", "A %1 b.", {"%1": "<code>x <code>y</code> z</code>"}),  # nested
+        ("Set %1 to <code>x</code>.", "Set %1 to %2.", {"%2": "<code>x</code>"}),  # the sentence's own %1 stays
+        ("Use <b><code>git</code> log</b> now.", "Use %1 log now.", {"%1": "<code>git</code>"}),
+    ],
+)
+def test_html_kept_elements_inside_a_sentence_are_placeholders(markup: str, sentence: str, atoms: dict) -> None:
+    """code, samp and elements marked translate="no" or class="notranslate": kept as written, read as %k."""
+    doc = split_html(markup)
+    assert doc.sentences == [sentence] and doc.tagged[0].atoms == atoms
+    assert rebuilt(doc) == markup
+
+
+@pytest.mark.parametrize(
+    ("markup", "sentences", "kept"),
+    [
+        ("<div translate=no>A <b>b</b>. Ok.</div><p>Go.</p>", ["Go."], "<div translate=no>A <b>b</b>. Ok.</div>"),
+        ("<p class=\"notranslate\">Keep.</p> Go.", ["Go."], '<p class="notranslate">Keep.</p>'),
+        ("Type <code>ls</code>5 now.", ["Type", "5 now."], " <code>ls</code>"),  # %15 would be another: split
+        ("<p><code>x = 1</code></p>", [], "<code>x = 1</code>"),  # in no sentence
+        ("<code>unclosed. Text", [], "<code>unclosed. Text"),  # no end tag: kept to the end, as before
+    ],
+)
+def test_html_kept_elements_outside_a_sentence(markup: str, sentences: list[str], kept: str) -> None:
+    doc = split_html(markup)
+    assert doc.sentences == sentences and not doc.tagged
+    assert any(kept in separator for separator in doc.separators)
+    assert rebuilt(doc) == markup
+
+
+def test_html_kept_elements_go_back_where_the_translation_has_their_placeholders() -> None:
+    doc = split_html("<p>Open <code>settings.json</code> and set <code>debug</code> to <b>true</b>.</p>")
+    assert doc.sentences == ["Open %1 and set %2 to true."]
+    assert doc.texts[1:] == ["Open", "and set", "to", "true"]  # the pieces between tags and kept elements
+    pieces = ["Ouvrez", "et définissez", "à", "vrai"]
+    assert doc.join(["Ouvrez %1 et définissez %2 à vrai.", *pieces]) == (
+        "<p>Ouvrez <code>settings.json</code> et définissez <code>debug</code> à <b>vrai</b>.</p>"
+    )
+    # a placeholder lost or doubled: the pieces between the tags and kept elements, as written
+    fallback = "<p>Ouvrez <code>settings.json</code> et définissez <code>debug</code> à <b>vrai</b>.</p>"
+    assert doc.join(["Ouvrez %1 et définissez à vrai.", *pieces]) == fallback
+    assert doc.join(["Ouvrez %1 et %1 définissez %2 à vrai.", *pieces]) == fallback
+    # translated text that looks like markup is escaped; the kept elements are not
+    assert doc.join(["Ouvrez %1 <et> %2 à vrai.", *pieces]) == (
+        "<p>Ouvrez <code>settings.json</code> &lt;et&gt; <code>debug</code> à <b>vrai</b>.</p>"
+    )
 
 
 def test_html_tags_go_around_the_words_of_the_whole_translation() -> None:
@@ -467,10 +521,30 @@ MARKUP = st.lists(
 ).map("".join)
 ANY = st.text(st.characters(exclude_categories=()), max_size=200)
 INLINE_TAGS = ["<b>", "</b>", "<i>", "</i>", "<a href='x'>", "</a>", "<span/>", "<br>", "<p>", "</p>", "<!-- c -->"]
+KEPT_TAGS = ["<code>", "</code>", "<span translate=no>", "</span>", "<div class=notranslate>", "</div>"]
 TAGGED = st.lists(
-    st.sampled_from([*INLINE_TAGS, "Open", " the", " file", ".", " Now", "Ab.", " ", "\n", "&amp;", "&am", "p;", "•"]),
+    st.sampled_from(
+        [*INLINE_TAGS, *KEPT_TAGS, "Open", " the", " file", ".", " Now", "Ab.", " ", "\n", "&amp;", "&am", "p;", "•"]
+        + ["5", "%1"]
+    ),
     max_size=40,
 ).map("".join)
+WRAPS = [("<b>", "</b>"), ("<i>", "</i>"), ("<a href='x'>", "</a>"), ("<code>", "</code>")]
+WRAPS += [("<span translate=no>", "</span>")]
+PHRASE = st.recursive(
+    st.sampled_from(["Open", "the", "file", "now", "Ab", "x", "&amp;", "5", "%1", "•", "&am"]),
+    lambda inner: st.tuples(st.sampled_from(WRAPS), st.lists(inner, min_size=1, max_size=3)).map(
+        lambda wrapped: wrapped[0][0] + " ".join(wrapped[1]) + wrapped[0][1]
+    ),
+    max_leaves=8,
+)
+STRUCTURED = st.lists(  # sentences of words and elements around them
+    st.tuples(
+        st.lists(PHRASE, min_size=1, max_size=6).map(" ".join),
+        st.sampled_from([".", ". ", "? ", "<p>", "</p>", "<br>", "\n", ", "]),
+    ),
+    max_size=4,
+).map(lambda sentences: "".join(words + end for words, end in sentences))
 
 
 @given(st.one_of(PROSE, ANY, MARKUP))
@@ -484,23 +558,26 @@ def test_split_text_identity(text: str) -> None:
 
 
 def between_tags(original: str, tagged: Tagged) -> str:
-    """A tagged sentence's original without its elements' tags, the text between them unescaped piece by piece (a
-    reference never spans a tag), and without the whitespace between its first tag and its first word."""
+    """A tagged sentence's original without its elements' tags and with its kept elements' placeholders in their
+    place, the text between them unescaped piece by piece (a reference never spans a tag), and without the
+    whitespace between its first tag and its first word."""
     tags = [tag for element in tagged.elements for tag in (element.opening, element.closing)]
+    kept = list(tagged.atoms.items())  # (placeholder, as written), in the order written
     texts, at, start = [], 0, 0
     while at < len(original):
+        atom = kept[0] if kept and original.startswith(kept[0][1], at) else None
         tag = next((t for t in tags if original.startswith(t, at)), None) if original[at] == "<" else None
-        if tag is None:
+        if atom is None and tag is None:
             at += 1
             continue
-        texts.append(html.unescape(original[start:at]))
-        tags.remove(tag)
-        at = start = at + len(tag)
-    assert not tags  # each tag found once
+        texts += [html.unescape(original[start:at]), atom[0] if atom else ""]
+        kept.remove(atom) if atom else tags.remove(tag)
+        at = start = at + len(atom[1] if atom else tag)
+    assert not tags and not kept  # each tag and kept element found once
     return "".join([*texts, html.unescape(original[start:])]).strip()
 
 
-@given(st.one_of(MARKUP, PROSE, ANY, TAGGED))
+@given(st.one_of(MARKUP, PROSE, ANY, TAGGED, STRUCTURED))
 @example("a&\xa0\u2028\xa0")  # "&" + spaces html.unescape leaves alone: plain text, not a reference
 @example("Tom&ampx Jerry&ampx\xa0")  # "&amp" replaced, "x" left as text
 @example("<A> 0</A>A")  # the element's space inside the original, outside the sentence
@@ -518,7 +595,7 @@ def test_split_html_identity(markup: str) -> None:
     assert all(t.pieces == split_html(doc.originals[i], inline=False) for i, t in doc.tagged.items())
 
 
-@given(TAGGED, st.data())
+@given(st.one_of(TAGGED, STRUCTURED), st.data())
 @example("Open <b>the</b> file.", None)
 @FAST
 def test_any_translation_keeps_every_tag_once(markup: str, data: st.DataObject | None) -> None:
@@ -526,15 +603,15 @@ def test_any_translation_keeps_every_tag_once(markup: str, data: st.DataObject |
     is escaped, so never counts)."""
     doc = split_html(markup).expand(pieces, 6)
     translations = [
-        data.draw(st.sampled_from(["", "<b>", "le fichier", "Open", "file x", "the the", t.upper()])) if data else t
+        data.draw(st.sampled_from(["", "<b>", "file x", "the the", "%1", "%1 x %2", "%2 %1", t.upper()])) if data else t
         for t in doc.texts
     ]
     out = doc.join(translations)
-    tags = re.compile("|".join(re.escape(t) for t in INLINE_TAGS))
+    tags = re.compile("|".join(re.escape(t) for t in INLINE_TAGS + KEPT_TAGS))
     assert sorted(tags.findall(out)) == sorted(tags.findall(markup))
 
 
-@given(st.one_of(PROSE, MARKUP, ANY, TAGGED), st.sampled_from([split_text, split_html]), st.integers(3, 12))
+@given(st.one_of(PROSE, MARKUP, ANY, TAGGED, STRUCTURED), st.sampled_from([split_text, split_html]), st.integers(3, 12))
 @FAST
 def test_expand_identity(text: str, splitter, limit: int) -> None:  # noqa: ANN001
     doc = splitter(text)
