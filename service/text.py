@@ -75,6 +75,7 @@ INLINE = frozenset(
 # inside a sentence the model reads one as a placeholder, %1, %2, ..., which it copies, and the element goes back
 # in its place (Tagged.atoms)
 KEPT_INLINE = frozenset(["code", "samp"])
+KEPT_VOID = frozenset(["img", "input"])  # ... and these, which have no content: the tag alone
 _NO_TRANSLATE = re.compile(r"""\s(?:translate\s*=\s*["']?no\b|class\s*=\s*["'][^"']*\bnotranslate\b)""", re.IGNORECASE)
 _NUMBERED = re.compile(r"%(\d+)")
 _WORD = re.compile(r"\w+")
@@ -236,8 +237,8 @@ def split_html(markup: str, inline: bool = True) -> Document:
 
     Tags, comments, doctypes and character references are kept verbatim. An unterminated tag or comment runs
     to the end of the input, as in a browser, and is kept untranslated. A sentence runs through the tags of
-    inline elements (INLINE) that open and close inside it, and code, samp and any inline element marked
-    translate="no" or class="notranslate" inside it stand in it as placeholders (Tagged); another element so
+    inline elements (INLINE) that open and close inside it, and code, samp, img, input and any inline element
+    marked translate="no" or class="notranslate" inside it stand in it as placeholders (Tagged); another element so
     marked is kept as written. `inline` False: every tag ends a sentence (and every kept element).
     """
     builder = _Builder(markup=True)
@@ -256,6 +257,9 @@ def split_html(markup: str, inline: bool = True) -> Document:
         if translate and i in kept:  # inline: a placeholder in its sentence; any other: kept between sentences
             element, text_start = markup[i : kept[i]], kept[i]
             run.atom(element) if inline and _is_inline(markup, i, end) else run.keep(element)
+        elif inline and translate and _is_void_kept(markup, i, end):  # an image in a sentence: a placeholder
+            run.atom(markup[i:end])
+            text_start = end
         elif name is not None:
             run.tag(markup[i:end], *name)
             text_start = end
@@ -924,6 +928,14 @@ def _kept_elements(markup: str) -> dict[int, int]:
                 open_.setdefault(tag, []).append((i, keep))
         i = markup.find("<", end)
     return kept
+
+
+def _is_void_kept(markup: str, start: int, end: int) -> bool:
+    """Whether markup[start:end] is a whole tag of a KEPT_VOID element."""
+    name = _TAG_NAME.match(markup, start, end)
+    return name is not None and markup[start + 1] != "/" and name.group(1).lower() in KEPT_VOID and markup.endswith(
+        ">", start, end
+    )
 
 
 def _is_inline(markup: str, start: int, end: int) -> bool:

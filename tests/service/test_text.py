@@ -248,7 +248,7 @@ def test_html_every_tag_ends_a_sentence_when_inline_is_off() -> None:
         ("<b>Cross. Over</b> it.", ["Cross.", "Over", "it."], {}),
         ("Open <pre>x</pre> now.", ["Open", "now."], {}),
         ("Open <span/>the file.", ["Open", "the file."], {}),
-        ("Open <img src=x> the file.", ["Open", "the file."], {}),
+        ("Open <img src=x>5 files.", ["Open", "5 files."], {}),  # %15 would be another placeholder
     ],
 )
 def test_html_which_inline_elements_a_sentence_keeps(markup: str, sentences: list[str], tagged: dict) -> None:
@@ -268,6 +268,8 @@ def test_html_which_inline_elements_a_sentence_keeps(markup: str, sentences: lis
         ("A <code>x <code>y</code> z</code> b.", "A %1 b.", {"%1": "<code>x <code>y</code> z</code>"}),  # nested
         ("Set %1 to <code>x</code>.", "Set %1 to %2.", {"%2": "<code>x</code>"}),  # the sentence's own %1 stays
         ("Use <b><code>git</code> log</b> now.", "Use %1 log now.", {"%1": "<code>git</code>"}),
+        ("Click <img src='s.png' alt='Save'> to save.", "Click %1 to save.", {"%1": "<img src='s.png' alt='Save'>"}),
+        ("Tick <input type=checkbox/> to agree.", "Tick %1 to agree.", {"%1": "<input type=checkbox/>"}),
     ],
 )
 def test_html_kept_elements_inside_a_sentence_are_placeholders(markup: str, sentence: str, atoms: dict) -> None:
@@ -521,7 +523,7 @@ MARKUP = st.lists(
 ).map("".join)
 ANY = st.text(st.characters(exclude_categories=()), max_size=200)
 INLINE_TAGS = ["<b>", "</b>", "<i>", "</i>", "<a href='x'>", "</a>", "<span/>", "<br>", "<p>", "</p>", "<!-- c -->"]
-KEPT_TAGS = ["<code>", "</code>", "<span translate=no>", "</span>", "<div class=notranslate>", "</div>"]
+KEPT_TAGS = ["<code>", "</code>", "<span translate=no>", "</span>", "<div class=notranslate>", "</div>", "<img src=x>"]
 TAGGED = st.lists(
     st.sampled_from(
         [*INLINE_TAGS, *KEPT_TAGS, "Open", " the", " file", ".", " Now", "Ab.", " ", "\n", "&amp;", "&am", "p;", "•"]
@@ -532,7 +534,7 @@ TAGGED = st.lists(
 WRAPS = [("<b>", "</b>"), ("<i>", "</i>"), ("<a href='x'>", "</a>"), ("<code>", "</code>")]
 WRAPS += [("<span translate=no>", "</span>")]
 PHRASE = st.recursive(
-    st.sampled_from(["Open", "the", "file", "now", "Ab", "x", "&amp;", "5", "%1", "•", "&am"]),
+    st.sampled_from(["Open", "the", "file", "now", "Ab", "x", "&amp;", "5", "%1", "•", "&am", "<img src=x>"]),
     lambda inner: st.tuples(st.sampled_from(WRAPS), st.lists(inner, min_size=1, max_size=3)).map(
         lambda wrapped: wrapped[0][0] + " ".join(wrapped[1]) + wrapped[0][1]
     ),
