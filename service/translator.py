@@ -123,8 +123,9 @@ class Translator:
         self._check_sentences(sum(len(doc.sentences) for doc in documents))  # before any token is counted
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.texts]
-        pieces = len(sentences) - sum(len(doc.sentences) for doc in documents)  # inline tags' (text.Tagged)
-        self._check_sentences(len(sentences), cut=True, pieces=pieces)  # cutting long sentences made more
+        lazy = sum(len(t.pieces.sentences) for doc in documents for t in doc.tagged.values() if not t.eager)
+        pieces = len(sentences) + lazy - sum(len(doc.sentences) for doc in documents)  # inline tags' (text.Tagged)
+        self._check_sentences(len(sentences) + lazy, cut=True, pieces=pieces)  # cutting long sentences made more
         masks = [self.masked(s) for s in sentences]
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
         return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
@@ -199,6 +200,35 @@ class Translator:
         started = time.monotonic()
         inline = sum(len(t) for t in texts) <= (INLINE_HTML_CHARS if options.html else INLINE_CHARS)
         prepared = await off_loop(inline, self.prepare, texts, target, options)
+        hypotheses, ticket = await self._translated(prepared, target, options, started, inline)
+        decoded = await off_loop(inline, self._decoded, prepared, hypotheses)
+        pieces, places = await off_loop(inline, self._unplaced, prepared, decoded, target, options)
+        placed: list[dict[int, str]] = [{} for _ in prepared.documents]
+        more: list[list[Hypothesis]] = []
+        if pieces.jobs:  # kept elements with no place in their sentence's translation: its pieces around them
+            more, _ = await self._translated(pieces, target, options, started, inline)
+            answers = await off_loop(inline, self._decoded, pieces, more)
+            for d, i, first in places:
+                tagged = prepared.documents[d].tagged[i]
+                placed[d][i] = tagged.pieces.join([a[0] for a in answers[first : first + len(tagged.pieces.sentences)]])
+        texts, alternatives, scores = await off_loop(
+            inline, self._assemble, prepared, hypotheses, decoded, placed, options
+        )
+        return Translation(
+            texts,
+            alternatives,
+            scores,
+            input_tokens=sum(len(ids) for ids in prepared.jobs + pieces.jobs),
+            output_tokens=sum(len(h[0].tokens) for h in hypotheses + more),
+            queue_seconds=ticket.queue_seconds,
+            seconds=time.monotonic() - started,
+            truncated_sentences=sum(not ends(h[0], self.rules) for h in hypotheses + more),
+        )
+
+    async def _translated(
+        self, prepared: Prepared, target: str, options: TranslateOptions, started: float, inline: bool
+    ) -> tuple[list[list[Hypothesis]], Ticket]:
+        """Each job's hypotheses; a sentence whose placeholders did not come back goes again, as it is."""
         ticket = await self._run(prepared, options, started)
         hypotheses: list[list[Hypothesis]] = [r for r in ticket.results if r is not None]
         unrestored = await off_loop(inline, self._unrestored, prepared, hypotheses)
@@ -208,17 +238,7 @@ class Translator:
             for k, i in enumerate(unrestored):
                 hypotheses[i] = rerun.results[k] or []
                 prepared.masks[i], prepared.jobs[i] = again.masks[k], again.jobs[k]
-        texts, alternatives, scores = await off_loop(inline, self._assemble, prepared, hypotheses, options)
-        return Translation(
-            texts,
-            alternatives,
-            scores,
-            input_tokens=sum(len(ids) for ids in prepared.jobs),
-            output_tokens=sum(len(h[0].tokens) for h in hypotheses),
-            queue_seconds=ticket.queue_seconds,
-            seconds=time.monotonic() - started,
-            truncated_sentences=sum(not ends(h[0], self.rules) for h in hypotheses),
-        )
+        return hypotheses, ticket
 
     async def _run(self, prepared: Prepared, options: TranslateOptions, started: float) -> Ticket:
         loop = asyncio.get_running_loop()
@@ -274,25 +294,54 @@ class Translator:
         log.debug("%d sentence(s) translated again without placeholders (the model did not keep them)", len(jobs))
         return Prepared([], jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
 
-    def _assemble(
-        self, prepared: Prepared, hypotheses: list[list[Hypothesis]], options: TranslateOptions
-    ) -> tuple[list[str], list[list[str]], list[float]]:
-        """Per document: its sentences' best hypotheses joined; alternative k joins each sentence's k-th."""
-        texts, alternatives, scores, offset = [], [], [], 0
-        for doc in prepared.documents:
-            mine = hypotheses[offset : offset + len(doc.texts)]
-            masks = prepared.masks[offset : offset + len(doc.texts)]
+    def _decoded(self, prepared: Prepared, hypotheses: list[list[Hypothesis]]) -> list[list[str]]:
+        """Each job's hypotheses as text, placeholders given back."""
+        return [
+            [masked.unmask(self.tokenizer.decode(h.tokens)) for h in results]
+            for results, masked in zip(hypotheses, prepared.masks, strict=True)
+        ]
+
+    def _unplaced(
+        self, prepared: Prepared, decoded: list[list[str]], target: str, options: TranslateOptions
+    ) -> tuple[Prepared, list[tuple[int, int, int]]]:
+        """The pieces of the sentences whose best translation has no place for their kept elements
+        (text.Document.unplaced), as jobs, and where each one's start among them: (document, sentence, first)."""
+        sentences: list[str] = []
+        places: list[tuple[int, int, int]] = []
+        offset = 0
+        for d, doc in enumerate(prepared.documents):
+            best = [answers[0] for answers in decoded[offset : offset + len(doc.texts)]]
             offset += len(doc.texts)
-            decoded = [
-                [masked.unmask(self.tokenizer.decode(h.tokens)) for h in sentence]
-                for sentence, masked in zip(mine, masks, strict=True)
-            ]
-            texts.append(doc.join([d[0] for d in decoded]))
+            for i in doc.unplaced(best):
+                places.append((d, i, len(sentences)))
+                sentences += doc.tagged[i].pieces.sentences
+        masks = [self.masked(s) for s in sentences]
+        jobs = [self.tokenizer.encode(m.text, target) for m in masks]
+        return Prepared([], jobs, [self.search_options(len(ids), options) for ids in jobs], masks), places
+
+    def _assemble(
+        self,
+        prepared: Prepared,
+        hypotheses: list[list[Hypothesis]],
+        decoded: list[list[str]],
+        placed: list[dict[int, str]],
+        options: TranslateOptions,
+    ) -> tuple[list[str], list[list[str]], list[float]]:
+        """Per document: its sentences' best translations joined; alternative k joins each sentence's k-th (a
+        sentence's best where its k-th has no place for its kept elements)."""
+        texts, alternatives, scores, offset = [], [], [], 0
+        for d, doc in enumerate(prepared.documents):
+            mine = decoded[offset : offset + len(doc.texts)]
+            shown = [h[0].score for h in hypotheses[offset : offset + len(doc.sentences)]]  # not the pieces'
+            offset += len(doc.texts)
+            best = [answers[0] for answers in mine]
+            texts.append(doc.join(best, placed[d]))
+            kept = {i: placed[d][i] for i in placed[d]}
+            kept.update({i: out for i in doc.tagged if i not in kept and (out := doc.render(i, best)) is not None})
             alternatives.append(
-                [doc.join([d[min(k, len(d) - 1)] for d in decoded]) for k in range(1, options.alternatives + 1)]
+                [doc.join([a[min(k, len(a) - 1)] for a in mine], kept) for k in range(1, options.alternatives + 1)]
             )
-            shown = mine[: len(doc.sentences)]  # not the pieces of tagged sentences (text.Tagged)
-            scores.append(sum(s[0].score for s in shown) / len(shown) if shown else 0.0)
+            scores.append(sum(shown) / len(shown) if shown else 0.0)
         return texts, alternatives, scores
 
 

@@ -142,6 +142,9 @@ def test_html_code_inside_a_sentence_comes_back_as_written(client: TestClient, m
         "<p>" + whole.replace("%1", "<code>settings.json</code>") + "</p>",
         f"<p>{pieces[0]} <code>settings.json</code> {pieces[1]}</p>",
     ), answer
+    read = ["Open %1 now."] + (["Open", "now."] if whole.count("%1") != 1 else [])  # the pieces: a second pass
+    tokenizer = Tokenizer.from_folder(load_model_folder(model_dir))
+    assert body["usage"]["input_tokens"] == sum(len(tokenizer.encode(s, "fr")) for s in read)
 
 
 def test_html_keeps_tags(client: TestClient, model_dir: Path) -> None:

@@ -314,6 +314,19 @@ def test_html_kept_elements_go_back_where_the_translation_has_their_placeholders
     )
 
 
+def test_html_a_sentence_with_kept_elements_only_wants_its_pieces_only_when_they_find_no_place() -> None:
+    """Its pieces are not among the texts: a second pass translates them for the sentences `unplaced` names."""
+    doc = split_html("<p>Run <code>make</code> now. Then <code>x</code> y.</p>")
+    assert doc.texts == ["Run %1 now.", "Then %2 y."] and not any(t.eager for t in doc.tagged.values())
+    translations = ["Exécutez %1 maintenant.", "Puis y."]  # the second sentence lost its placeholder
+    assert doc.unplaced(translations) == [1]
+    with pytest.raises(ValueError, match="sentence 1's kept elements have no place in its translation"):
+        doc.join(translations)
+    assert doc.tagged[1].pieces.sentences == ["Then", "y."]
+    placed = {1: doc.tagged[1].pieces.join(["Puis", "y."])}
+    assert doc.join(translations, placed) == "<p>Exécutez <code>make</code> maintenant. Puis <code>x</code> y.</p>"
+
+
 def test_html_tags_go_around_the_words_of_the_whole_translation() -> None:
     doc = split_html("<p>Click <b>Save</b> to keep your work.</p>")
     whole, pieces = "Cliquez sur Enregistrer pour conserver votre travail.", ["Cliquez", "Enregistrer", "pour garder"]
@@ -604,11 +617,14 @@ def test_any_translation_keeps_every_tag_once(markup: str, data: st.DataObject |
     """Whatever the model answers for a sentence and its pieces, each tag comes back once (a translation's own "<b>"
     is escaped, so never counts)."""
     doc = split_html(markup).expand(pieces, 6)
-    translations = [
-        data.draw(st.sampled_from(["", "<b>", "file x", "the the", "%1", "%1 x %2", "%2 %1", t.upper()])) if data else t
-        for t in doc.texts
-    ]
-    out = doc.join(translations)
+    answers = ["", "<b>", "file x", "the the", "%1", "%1 x %2", "%2 %1"]
+    translations = [data.draw(st.sampled_from([*answers, t.upper()])) if data else t for t in doc.texts]
+    placed = {  # the second pass: the pieces of the sentences whose kept elements have no place
+        i: doc.tagged[i].pieces.join([data.draw(st.sampled_from(answers)) if data else p for p in pieces])
+        for i in doc.unplaced(translations)
+        for pieces in [doc.tagged[i].pieces.sentences]
+    }
+    out = doc.join(translations, placed)
     tags = re.compile("|".join(re.escape(t) for t in INLINE_TAGS + KEPT_TAGS))
     assert sorted(tags.findall(out)) == sorted(tags.findall(markup))
 
