@@ -1,15 +1,19 @@
 """Inline HTML tags: what translating a sentence whole through its tags (service/text.py, Tagged) gives against
 translating the text between its tags piece by piece, as every tag did before, on the test set.
 
-Each of the test set's first N sentences of at least 4 words has 1-3 of its words wrapped in `<b>`...`</b>`
-(the span drawn with a fixed seed). They are sent in requests of `--per-request` sentences, `--clients` at a time,
-through the server's own text path (`Translator`, its scheduler in this process, format html), three ways: whole
-through their tags (the server's way), split at their tags (`split_html(inline=False)`), and without the tags at
-all (plain text, the ceiling). Prints, for each, BLEU and chrF of the answers with their tags taken out against
-the references, the wall time and the source tokens read; for the whole way, how many answers took the tags into
-the whole translation and how many fell back to the pieces between the tags.
+Each of the test set's first N sentences of at least 4 words gets an element (drawn with a fixed seed): with
+`--element b` (the default) 1-3 of its words wrapped in `<b>`...`</b>`; with `--element code` a kept element,
+`<code>config.yaml</code>`, put between two of its words. They are sent in requests of `--per-request` sentences,
+`--clients` at a time, through the server's own text path (`Translator`, its scheduler in this process, format
+html), three ways: whole through their tags (the server's way), split at their tags (`split_html(inline=False)`),
+and without the element (plain text: for `b` its words unwrapped, for `code` the sentence as it was; the
+ceiling). Prints, for each, BLEU and chrF of the answers, the element taken out, against the references, the wall
+time and the source tokens read; for the whole way, how many answers took the tags into the whole translation and
+how many fell back to the pieces between them (`b`), or how many answers hold the element exactly once and how many
+sentences took the second pass for their pieces (`code`).
 
     python -m bench.inline                                   # the default model, 500 sentences, 32 clients (~30 s)
+    python -m bench.inline --element code                   # a kept element in each sentence
     python -m bench.inline --per-request 16 --clients 4     # documents of 16 sentences, 4 at a time
 """
 
@@ -38,6 +42,7 @@ from service.translator import TranslateOptions, Translator, load_translators
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = re.compile(r"</?b>")
+KEPT = "<code>config.yaml</code>"
 
 
 def tagged(sentence: str, rng: random.Random) -> str:
@@ -46,6 +51,35 @@ def tagged(sentence: str, rng: random.Random) -> str:
     size = rng.randint(1, min(3, len(words) - 1))
     start = rng.randint(1, len(words) - size)
     return " ".join([*words[:start], "<b>" + " ".join(words[start : start + size]) + "</b>", *words[start + size :]])
+
+
+def with_kept(sentence: str, rng: random.Random) -> str:
+    """The sentence, html-escaped, with KEPT between two of its words."""
+    words = html.escape(sentence, quote=False).split(" ")
+    at = rng.randint(1, len(words) - 1)
+    return " ".join([*words[:at], KEPT, *words[at:]])
+
+
+def without(answer: str, element: str) -> str:
+    """An answer as text, the element taken out."""
+    return html.unescape(TAG.sub("", answer) if element == "b" else " ".join(answer.replace(KEPT, " ").split()))
+
+
+@contextmanager
+def counting_second_passes(counts: list[int]) -> Iterator[None]:
+    """Counts, into counts[0], the sentences Document.unplaced sends to the second pass."""
+    unplaced = text.Document.unplaced
+
+    def counted(doc: text.Document, translations: list[str]) -> list[int]:
+        found = unplaced(doc, translations)
+        counts[0] += len(found)
+        return found
+
+    text.Document.unplaced = counted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        text.Document.unplaced = unplaced  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -91,24 +125,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences", type=positive_int, default=500)
     parser.add_argument("--per-request", type=positive_int, default=1, help="sentences a request")
     parser.add_argument("--clients", type=positive_int, default=32, help="requests at a time")
+    parser.add_argument("--element", choices=["b", "code"], default="b", help="words in <b>, or a <code> among them")
     args = parser.parse_args(argv)
     sources = (args.corpus / "test.en").read_text(encoding="utf-8").splitlines()
     references = (args.corpus / "test.fr").read_text(encoding="utf-8").splitlines()
     pairs = [(s, r) for s, r in zip(sources, references, strict=True) if len(s.split(" ")) >= 4][: args.sentences]
     rng = random.Random(0)
-    marked = [tagged(s, rng) for s, _ in pairs]
+    marked = [(tagged if args.element == "b" else with_kept)(s, rng) for s, _ in pairs]
     settings = Settings(models_dir=args.model.parent, models=[args.model.name], engine_process=False)
     [translator] = load_translators(settings, Metrics())
     translator.scheduler.start()
     print(headline(describe()), flush=True)
     print(
-        f"{args.model.name}, {len(pairs)} test sentences with 1-3 words in <b>, variant {translator.variant}, "
+        f"{args.model.name}, {len(pairs)} test sentences with {'1-3 words in <b>' if args.element == 'b' else KEPT}, "
+        f"variant {translator.variant}, "
         f"{args.clients} requests of {args.per_request} at a time"
     )
+    second = [0]
     try:
         translate(translator, marked[:32], "html", args.per_request, args.clients)  # warm
         ways = [
-            ("whole through its tags", marked, "html", nullcontext()),
+            ("whole through its tags", marked, "html", counting_second_passes(second)),
             ("split at its tags (before)", marked, "html", pieces_only()),
             ("no tags (plain text)", [s for s, _ in pairs], "text", nullcontext()),
         ]
@@ -116,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, texts, fmt, way in ways:
             with way:
                 answers, seconds, read, _ = translate(translator, texts, fmt, args.per_request, args.clients)
-            plain = [html.unescape(TAG.sub("", a)) for a in answers]
+            plain = [without(a, args.element) for a in answers]
             refs = [[r for _, r in pairs]]
             bleu, chrf = sacrebleu.corpus_bleu(plain, refs).score, sacrebleu.corpus_chrf(plain, refs).score
             rows.append((name, bleu, chrf, seconds, read, answers))
@@ -125,7 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     print("| way | BLEU | chrF | seconds | sentences/s | source tokens read |\n|---|---:|---:|---:|---:|---:|")
     for name, bleu, chrf, seconds, read, _ in rows:
         print(f"| {name} | {bleu:.2f} | {chrf:.2f} | {seconds:.2f} | {len(pairs) / seconds:,.0f} | {read:,} |")
-    new, before, plain = ([html.unescape(TAG.sub("", a)) for a in row[5]] for row in rows)
+    if args.element == "code":
+        once = sum(answer.count(KEPT) == 1 for answer in rows[0][5])
+        print(
+            f"\nwhole through its tags: {once} of {len(pairs)} answers hold {KEPT} exactly once; {second[0]} took "
+            "the second pass (the translation lost or doubled its placeholder): the pieces around it"
+        )
+        return 0
+    new, before, plain = ([without(a, args.element) for a in row[5]] for row in rows)
     whole = sum(n == p for n, p in zip(new, plain, strict=True))
     pieces = sum(n == b != p for n, b, p in zip(new, before, plain, strict=True))
     print(
