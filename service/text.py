@@ -167,15 +167,18 @@ class Document:
 
     @property
     def texts(self) -> list[str]:
+        if not self.tagged:
+            return self.sentences
         eager = [s for i in sorted(self.tagged) if self.tagged[i].eager for s in self.tagged[i].pieces.sentences]
         return self.sentences + eager
 
     def join(self, translations: Sequence[str], placed: Mapping[int, str] | None = None) -> str:
         """The input with each sentence replaced by its translation, in order; `placed`: the answers of the
         unplaced sentences (their pieces' translations, joined by their Tagged.pieces)."""
-        eager = sum(len(t.pieces.sentences) for t in self.tagged.values() if t.eager)
-        if len(translations) != len(self.sentences) + eager:
+        if len(translations) != len(self.texts):
             raise ValueError(f"{len(translations)} translations for {len(self.texts)} sentences")
+        if not self.tagged:  # (every plain-text request: no call a sentence)
+            return self._join_plain(translations)
         parts = [self.separators[0]]
         for i in range(len(self.sentences)):
             out = self.render(i, translations)
@@ -184,6 +187,16 @@ class Document:
                     raise ValueError(f"sentence {i}'s kept elements have no place in its translation: give its pieces'")
                 out = placed[i]
             parts += [out, self.separators[i + 1]]
+        return "".join(parts)
+
+    def _join_plain(self, translations: Sequence[str]) -> str:
+        parts = [self.separators[0]]
+        for i, translation in enumerate(translations):
+            if translation == self.sentences[i]:
+                parts.append(self.originals[i])
+            else:
+                parts.append(html.escape(translation, quote=False) if self.markup else translation)
+            parts.append(self.separators[i + 1])
         return "".join(parts)
 
     def render(self, i: int, translations: Sequence[str]) -> str | None:

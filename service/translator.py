@@ -123,8 +123,10 @@ class Translator:
         self._check_sentences(sum(len(doc.sentences) for doc in documents))  # before any token is counted
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.texts]
-        lazy = sum(len(t.pieces.sentences) for doc in documents for t in doc.tagged.values() if not t.eager)
-        pieces = len(sentences) + lazy - sum(len(doc.sentences) for doc in documents)  # inline tags' (text.Tagged)
+        lazy = pieces = 0  # inline tags' pieces (text.Tagged): lazy ones in a second pass, if at all
+        if options.html:
+            lazy = sum(len(t.pieces.sentences) for doc in documents for t in doc.tagged.values() if not t.eager)
+            pieces = len(sentences) + lazy - sum(len(doc.sentences) for doc in documents)
         self._check_sentences(len(sentences) + lazy, cut=True, pieces=pieces)  # cutting long sentences made more
         masks = [self.masked(s) for s in sentences]
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
@@ -202,15 +204,17 @@ class Translator:
         prepared = await off_loop(inline, self.prepare, texts, target, options)
         hypotheses, ticket = await self._translated(prepared, target, options, started, inline)
         decoded = await off_loop(inline, self._decoded, prepared, hypotheses)
-        pieces, places = await off_loop(inline, self._unplaced, prepared, decoded, target, options)
         placed: list[dict[int, str]] = [{} for _ in prepared.documents]
-        more: list[list[Hypothesis]] = []
-        if pieces.jobs:  # kept elements with no place in their sentence's translation: its pieces around them
-            more, _ = await self._translated(pieces, target, options, started, inline)
-            answers = await off_loop(inline, self._decoded, pieces, more)
-            for d, i, first in places:
-                tagged = prepared.documents[d].tagged[i]
-                placed[d][i] = tagged.pieces.join([a[0] for a in answers[first : first + len(tagged.pieces.sentences)]])
+        jobs, results = prepared.jobs, hypotheses  # both passes', for the usage
+        if options.html and any(doc.tagged for doc in prepared.documents):  # inline elements (text.Tagged)
+            pieces, places = await off_loop(inline, self._unplaced, prepared, decoded, target, options)
+            if pieces.jobs:  # kept elements with no place in their sentence's translation: its pieces around them
+                more, _ = await self._translated(pieces, target, options, started, inline)
+                answers = await off_loop(inline, self._decoded, pieces, more)
+                for d, i, first in places:
+                    tagged = prepared.documents[d].tagged[i]
+                    placed[d][i] = tagged.pieces.join([a[0] for a in answers[first:][: len(tagged.pieces.sentences)]])
+                jobs, results = jobs + pieces.jobs, hypotheses + more
         texts, alternatives, scores = await off_loop(
             inline, self._assemble, prepared, hypotheses, decoded, placed, options
         )
@@ -218,11 +222,11 @@ class Translator:
             texts,
             alternatives,
             scores,
-            input_tokens=sum(len(ids) for ids in prepared.jobs + pieces.jobs),
-            output_tokens=sum(len(h[0].tokens) for h in hypotheses + more),
+            input_tokens=sum(len(ids) for ids in jobs),
+            output_tokens=sum(len(h[0].tokens) for h in results),
             queue_seconds=ticket.queue_seconds,
             seconds=time.monotonic() - started,
-            truncated_sentences=sum(not ends(h[0], self.rules) for h in hypotheses + more),
+            truncated_sentences=sum(not ends(h[0], self.rules) for h in results),
         )
 
     async def _translated(
@@ -336,8 +340,9 @@ class Translator:
             offset += len(doc.texts)
             best = [answers[0] for answers in mine]
             texts.append(doc.join(best, placed[d]))
-            kept = {i: placed[d][i] for i in placed[d]}
-            kept.update({i: out for i in doc.tagged if i not in kept and (out := doc.render(i, best)) is not None})
+            kept = dict(placed[d])
+            if options.alternatives:
+                kept.update({i: out for i in doc.tagged if i not in kept and (out := doc.render(i, best)) is not None})
             alternatives.append(
                 [doc.join([a[min(k, len(a) - 1)] for a in mine], kept) for k in range(1, options.alternatives + 1)]
             )
