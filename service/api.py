@@ -91,7 +91,11 @@ class TranslateRequest(BaseModel):
     q: str | list[str] = Field(description="text, or a list of texts, to translate")
     source: str = Field("auto", description="source language code, or 'auto'")
     target: str = Field(description="target language code")
-    format: Literal["text", "html"] = Field("text", description="html: tags are kept, text between them translated")
+    format: Literal["text", "html"] = Field(
+        "text",
+        description="html: tags are kept, text between them translated; a sentence runs through inline elements' "
+        "tags, and code, samp and translate=\"no\" elements stay in it as written",
+    )
     alternatives: int = Field(0, ge=0, description="alternative translations besides the best; at most max beam - 1")
     api_key: str | None = Field(None, description="needed when the server has API keys (or a header has it)")
     beam_size: int | None = Field(None, ge=1, description="1 is greedy; default from the server's settings")
