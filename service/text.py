@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 from functools import partial
+from os.path import commonprefix
 from typing import NamedTuple
 
 from service.errors import InvalidRequest, TooLarge
@@ -879,13 +880,25 @@ def _nearly(translation: str, candidates: list[str], centre: float) -> tuple[int
         for size in range(max(1, n - 1), n + 2):
             for i in range(max(0, middle - _REACH - size), min(len(words) - size + 1, middle + _REACH)):
                 a, b = words[i][0], words[i + size - 1][1]
-                matcher.set_seq1(translation[a:b].lower())
-                if matcher.real_quick_ratio() < _NEAR or matcher.quick_ratio() < _NEAR:
-                    continue  # upper bounds of ratio()
-                key = (-matcher.ratio(), abs((a + b) / 2 - centre), (a, b))
-                if -key[0] >= _NEAR and (best is None or key < best):
+                run = translation[a:b].lower()
+                matcher.set_seq1(run)
+                if matcher.real_quick_ratio() >= _NEAR and matcher.quick_ratio() >= _NEAR:  # ratio()'s upper bounds
+                    like = matcher.ratio()
+                elif n == size == 1 and _same_stem(run, candidate.lower()):
+                    like = _NEAR  # "nouvelles" for "nouveau": after every run more like it
+                else:
+                    continue
+                key = (-like, abs((a + b) / 2 - centre), (a, b))
+                if like >= _NEAR and (best is None or key < best):
                     best = key
     return None if best is None else best[2]
+
+
+def _same_stem(word: str, other: str) -> bool:
+    """Two words that begin alike for at least 5 letters and 70 % of the shorter: one word's inflections
+    ("nouveau", "nouvelles"; "utiliser", "utilisation"), which difflib's ratio puts under _NEAR."""
+    shared = len(commonprefix([word, other]))
+    return shared >= 5 and shared >= 0.7 * min(len(word), len(other))
 
 
 def _nests(elements: list[Inline], spans: list[tuple[int, int]]) -> bool:

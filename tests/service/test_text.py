@@ -352,6 +352,21 @@ def test_html_tags_go_around_words_like_their_own_translation() -> None:
     assert out == "La <em>nouvelle</em> version est plus rapide."
 
 
+@pytest.mark.parametrize(
+    ("translation", "placed"),
+    [
+        ("Ignoré les nouvelles clés.", "Ignoré les <b>nouvelles</b> clés."),  # one stem: "nouve", 5 of 7 letters
+        ("Ignoré les nouvelles clés nouveaux.", "Ignoré les nouvelles clés <b>nouveaux</b>."),  # the more like it
+        ("Ignoré les noumènes clés.", None),  # 4 letters alike: another word
+    ],
+)
+def test_html_an_element_goes_around_an_inflection_of_its_word(translation: str, placed: str | None) -> None:
+    doc = split_html("Skipped <b>new</b> keys.")
+    translations = [translation, "Sauté", "nouveau", "clés."]
+    out = doc.join(translations)
+    assert out == placed if placed else out == "Sauté <b>nouveau</b> clés."
+
+
 def test_html_nested_and_reordered_elements() -> None:
     doc = split_html("Read <a href=t>the <b>terms</b></a> and <i>rules</i>.")
     whole = "Lisez les règles et les conditions."
