@@ -270,14 +270,15 @@ def split_text(text: str) -> Document:
     return builder.build()
 
 
-def split_html(markup: str, inline: bool = True) -> Document:
+def split_html(markup: str, inline: bool = True, placeholders: bool = True) -> Document:
     """HTML: only text between tags is translated, never inside script, style, code or pre, nor attributes.
 
     Tags, comments, doctypes and character references are kept verbatim. An unterminated tag or comment runs
     to the end of the input, as in a browser, and is kept untranslated. A sentence runs through the tags of
     inline elements (INLINE) that open and close inside it, and code, samp, img, input and any inline element
     marked translate="no" or class="notranslate" inside it stand in it as placeholders (Tagged); another element so
-    marked is kept as written. `inline` False: every tag ends a sentence (and every kept element).
+    marked is kept as written. `inline` False: every tag ends a sentence (and every kept element);
+    `placeholders` False (a model not trained to copy %1: MT_MASK_SYMBOLS): every kept element does.
     """
     builder = _Builder(markup=True)
     run = _Run(builder)  # text and inline tags since the last other tag
@@ -294,8 +295,8 @@ def split_html(markup: str, inline: bool = True) -> Document:
         name = _inline_tag(markup, i, end) if inline and translate else None
         if translate and i in kept:  # inline: a placeholder in its sentence; any other: kept between sentences
             element, text_start = markup[i : kept[i]], kept[i]
-            run.atom(element) if inline and _is_inline(markup, i, end) else run.keep(element)
-        elif inline and translate and _is_void_kept(markup, i, end):  # an image in a sentence: a placeholder
+            run.atom(element) if inline and placeholders and _is_inline(markup, i, end) else run.keep(element)
+        elif inline and placeholders and translate and _is_void_kept(markup, i, end):  # an image: a placeholder
             run.atom(markup[i:end])
             text_start = end
         elif name is not None:

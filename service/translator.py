@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -118,7 +119,7 @@ class Translator:
     # -- preparing a request (in a worker thread when it is long: see INLINE_CHARS) ---------------
 
     def prepare(self, texts: list[str], target: str, options: TranslateOptions) -> Prepared:
-        split = text.split_html if options.html else text.split_text
+        split = partial(text.split_html, placeholders=self.settings.mask_symbols) if options.html else text.split_text
         documents = [split(text.clean(t)) for t in texts]
         self._check_sentences(sum(len(doc.sentences) for doc in documents))  # before any token is counted
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]

@@ -104,6 +104,16 @@ def test_the_model_reads_placeholders(model_dir: Path, on: bool) -> None:
     serving.scheduler.stop()
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_kept_html_elements_are_placeholders_only_for_a_model_that_reads_them(model_dir: Path, on: bool) -> None:
+    """MT_MASK_SYMBOLS: inline code stays in its sentence as %1; off, it ends the sentence, as any tag did."""
+    serving = translator(model_dir, on)
+    prepared = serving.prepare(["Run <code>make</code> now."], "fr", TranslateOptions(html=True))
+    read = ["Run %1 now."] if on else ["Run", "now."]
+    assert prepared.jobs == [serving.tokenizer.encode(s, "fr") for s in read]
+    serving.scheduler.stop()
+
+
 def test_a_sentence_whose_placeholders_did_not_come_back_is_translated_again_as_it_is(model_dir: Path) -> None:
     """The tiny model, random, never gives %1 back: each masked sentence goes a second time, unmasked, and the
     answer is that translation, as with MT_MASK_SYMBOLS off (the symbol then is the model's to keep or lose)."""

@@ -296,6 +296,13 @@ def test_html_kept_elements_outside_a_sentence(markup: str, sentences: list[str]
     assert rebuilt(doc) == markup
 
 
+def test_html_kept_elements_end_their_sentence_for_a_model_that_does_not_copy_placeholders() -> None:
+    """split_html(placeholders=False), as the server splits with MT_MASK_SYMBOLS false."""
+    doc = split_html("Run <code>make</code> now. Click <img src=x> <b>here</b>.", placeholders=False)
+    assert doc.sentences == ["Run", "now.", "Click", "here."] and list(doc.tagged) == [3]
+    assert not doc.tagged[3].atoms and rebuilt(doc) == "Run <code>make</code> now. Click <img src=x> <b>here</b>."
+
+
 def test_html_kept_elements_go_back_where_the_translation_has_their_placeholders() -> None:
     doc = split_html("<p>Open <code>settings.json</code> and set <code>debug</code> to <b>true</b>.</p>")
     assert doc.sentences == ["Open %1 and set %2 to true."]
