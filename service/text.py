@@ -693,7 +693,7 @@ def _run_parts(
         before, original = raw_with_tags(done, raw_start, None), raw_with_tags(raw_start, raw_end, j)
         if before is None or original is None:
             return None
-        kept = [atom for atom in atoms if start <= atom.text_at < end]
+        kept = atoms[bisect_left(atoms, start, key=_text_at) : bisect_left(atoms, end, key=_text_at)]
         pieces = _pieces(source.raw, inner, kept, raw_start, raw_end) if inner or kept else None
         atoms_in = {atom.placeholder: atom.raw for atom in kept}
         tagged = Tagged(_elements(inner, start, end), pieces, atoms=atoms_in) if pieces is not None else None
@@ -705,6 +705,10 @@ def _run_parts(
     parts.append(after)
     written = "".join(part if isinstance(part, str) else part[1] for part in parts)
     return parts if all(placed) and written == _rebuilt(source.raw, tags) else None
+
+
+def _text_at(atom: _Atom) -> int:
+    return atom.text_at
 
 
 def _pieces(raw: str, tags: list[_Tag], atoms: list[_Atom], start: int, end: int) -> Document:
@@ -743,14 +747,18 @@ def _joined(items: list[str | _Tag | _Atom]) -> tuple[_Source, list[_Tag], list[
     atoms: list[_Atom] = []
     taken = {int(n) for item in items if isinstance(item, str) for n in _NUMBERED.findall(html.unescape(item))}
     free = (f"%{n}" for n in itertools.count(1) if n not in taken)
+    following, after = [""] * len(items), ""  # the text that follows each item, tags being none of it
+    for k in range(len(items) - 1, -1, -1):
+        following[k] = after
+        item = items[k]
+        after = item if isinstance(item, str) else "%" if isinstance(item, _Atom) else after
     raw_at = text_at = 0
     for k, item in enumerate(items):
         if isinstance(item, _Tag):
             tags.append(item._replace(raw_at=raw_at, text_at=text_at))
             continue
         if isinstance(item, _Atom):
-            after = next((i for i in items[k + 1 :] if isinstance(i, str)), "")
-            if after[:1].isdigit() or (texts and texts[-1].endswith("%")):
+            if following[k][:1].isdigit() or (texts and texts[-1].endswith("%")):
                 return None
             atom = item._replace(placeholder=next(free), raw_at=raw_at, text_at=text_at)
             atoms.append(atom)

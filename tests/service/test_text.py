@@ -695,6 +695,8 @@ def test_limit_sentence_loses_nothing(text: str, limit: int) -> None:
         "Go <b>x</b> y. " * 30_000,
         "<i>A <b>x</b> y. B</i> c. " * 20_000,
         "a <b>x</b>" * 50_000,
+        "A <code>x</code> b. " * 20_000,
+        "Go <code>x</code>5 y. " * 20_000,
     ],
     ids=[
         "no-spaces",
@@ -710,6 +712,8 @@ def test_limit_sentence_loses_nothing(text: str, limit: int) -> None:
         "tagged-sentences",
         "tags-around-sentences",
         "tags-in-one-sentence",
+        "kept-elements",
+        "kept-elements-before-digits",
     ],
 )
 def test_hostile_input_is_linear_and_lossless(text: str) -> None:
