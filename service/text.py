@@ -1,6 +1,7 @@
 """What is translated and how the output is put back together: cleaning, sentence splitting of plain text and
-HTML into a Document, and cutting of over-long sentences. Knows nothing of tokens except through a counting
-callback, nothing of models or requests.
+HTML into a Document, HTML's inline elements inside a sentence (their tags put back around the words of its
+translation, kept elements as placeholders), and cutting of over-long sentences. Knows nothing of tokens except
+through a counting callback, nothing of models or requests.
 """
 
 from __future__ import annotations
