@@ -101,27 +101,26 @@ def pieces_only() -> Iterator[None]:
 
 def translate(
     translator: Translator, texts: list[str], fmt: str, per_request: int, clients: int
-) -> tuple[list[str], float, int, int]:
-    """(answers, seconds, source tokens, target tokens): the texts in requests of `per_request`, `clients` at a
-    time."""
+) -> tuple[list[str], float, int]:
+    """(answers, seconds, source tokens read): the texts in requests of `per_request`, `clients` at a time."""
     options = TranslateOptions(html=fmt == "html")
 
-    async def run() -> list[tuple[list[str], int, int]]:
+    async def run() -> list[tuple[list[str], int]]:
         chunks = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
         gate = asyncio.Semaphore(clients)
 
-        async def one(chunk: list[str]) -> tuple[list[str], int, int]:
+        async def one(chunk: list[str]) -> tuple[list[str], int]:
             async with gate:
                 answer = await translator.translate(chunk, "fr", options)
-                return answer.texts, answer.input_tokens, answer.output_tokens
+                return answer.texts, answer.input_tokens
 
         return await asyncio.gather(*(one(chunk) for chunk in chunks))
 
     started = time.perf_counter()
     results = asyncio.run(run())
     seconds = time.perf_counter() - started
-    answers = [t for texts_, _, _ in results for t in texts_]
-    return answers, seconds, sum(r[1] for r in results), sum(r[2] for r in results)
+    answers = [t for texts_, _ in results for t in texts_]
+    return answers, seconds, sum(read for _, read in results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for name, texts, fmt, way in ways:
             with way:
-                answers, seconds, read, _ = translate(translator, texts, fmt, args.per_request, args.clients)
+                answers, seconds, read = translate(translator, texts, fmt, args.per_request, args.clients)
             plain = [without(a, args.element) for a in answers]
             refs = [[r for _, r in pairs]]
             bleu, chrf = sacrebleu.corpus_bleu(plain, refs).score, sacrebleu.corpus_chrf(plain, refs).score

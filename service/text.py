@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 from functools import partial
+from operator import attrgetter
 from os.path import commonprefix
 from typing import NamedTuple
 
@@ -194,12 +195,12 @@ class Document:
     def _join_plain(self, translations: Sequence[str]) -> str:
         parts = [self.separators[0]]
         for i, translation in enumerate(translations):
-            if translation == self.sentences[i]:
-                parts.append(self.originals[i])
-            else:
-                parts.append(html.escape(translation, quote=False) if self.markup else translation)
+            parts += [self.originals[i] if translation == self.sentences[i] else self._put(translation)]
             parts.append(self.separators[i + 1])
         return "".join(parts)
+
+    def _put(self, translation: str) -> str:
+        return html.escape(translation, quote=False) if self.markup else translation
 
     def render(self, i: int, translations: Sequence[str]) -> str | None:
         """Sentence i's part of the answer; None for a sentence with kept elements only whose translation has no
@@ -209,7 +210,7 @@ class Document:
             return self.originals[i]
         tagged = self.tagged.get(i)
         if tagged is None:
-            return html.escape(translation, quote=False) if self.markup else translation
+            return self._put(translation)
         if not tagged.eager:
             return _with_tags(translation, [], [], tagged.atoms) if _atoms_fit(translation, tagged.atoms, []) else None
         pieces = translations[tagged.first : tagged.first + len(tagged.pieces.sentences)]
@@ -293,15 +294,16 @@ def split_html(markup: str, inline: bool = True, placeholders: bool = True) -> D
             continue
         translate = not any(inside.values())
         run.text(markup[text_start:i]) if translate else run.keep(markup[text_start:i])
-        name = _inline_tag(markup, i, end) if inline and translate else None
+        tag = _tag_at(markup, i, end) if inline and translate else None  # None: every tag ends a sentence
         if translate and i in kept:  # inline: a placeholder in its sentence; any other: kept between sentences
             element, text_start = markup[i : kept[i]], kept[i]
-            run.atom(element) if inline and placeholders and _is_inline(markup, i, end) else run.keep(element)
-        elif inline and placeholders and translate and _is_void_kept(markup, i, end):  # an image: a placeholder
+            inside_sentence = placeholders and tag is not None and tag.name in INLINE | KEPT_INLINE
+            run.atom(element) if inside_sentence else run.keep(element)
+        elif placeholders and tag is not None and not tag.closing and tag.name in KEPT_VOID:  # an image: a placeholder
             run.atom(markup[i:end])
             text_start = end
-        elif name is not None:
-            run.tag(markup[i:end], *name)
+        elif tag is not None and (tag.opens or tag.closing) and tag.name in INLINE:
+            run.tag(markup[i:end], tag.name, tag.closing)
             text_start = end
         else:
             run.keep(markup[i:end])
@@ -581,14 +583,21 @@ def _after_tag(markup: str, start: int, end: int, builder: _Builder | _Run, insi
 # Inline elements: a sentence through their tags, and the tags back in its translation
 
 
-def _inline_tag(markup: str, start: int, end: int) -> tuple[str, bool] | None:
-    """(name, closing) of a whole start or end tag of an INLINE element at markup[start:end]; None for any other
-    markup, a self-closing tag, or one the input ends in."""
+class _TagAt(NamedTuple):
+    """A whole tag (one that ends with ">", not one the input ends in): its element's name in lower case."""
+
+    name: str
+    closing: bool
+    opens: bool  # a start tag that is not self-closing ("<b>", not "<span/>")
+
+
+def _tag_at(markup: str, start: int, end: int) -> _TagAt | None:
+    """The whole start or end tag at markup[start:end]; None for other markup or a tag the input ends in."""
     name = _TAG_NAME.match(markup, start, end)
-    if name is None or name.group(1).lower() not in INLINE or not markup.endswith(">", start, end):
+    if name is None or not markup.endswith(">", start, end):
         return None
     closing = markup[start + 1] == "/"
-    return None if not closing and markup.endswith("/>", start, end) else (name.group(1).lower(), closing)
+    return _TagAt(name.group(1).lower(), closing, not closing and not markup.endswith("/>", start, end))
 
 
 class _Tag(NamedTuple):
@@ -606,6 +615,9 @@ class _Atom(NamedTuple):
     placeholder: str = ""
     raw_at: int = 0  # where it starts in the run's text as written, tags left out
     text_at: int = 0  # ... and in its text to translate (its placeholder)
+
+
+_TEXT_AT = attrgetter("text_at")
 
 
 @dataclass
@@ -694,7 +706,7 @@ def _run_parts(
         before, original = raw_with_tags(done, raw_start, None), raw_with_tags(raw_start, raw_end, j)
         if before is None or original is None:
             return None
-        kept = atoms[bisect_left(atoms, start, key=_text_at) : bisect_left(atoms, end, key=_text_at)]
+        kept = atoms[bisect_left(atoms, start, key=_TEXT_AT) : bisect_left(atoms, end, key=_TEXT_AT)]
         pieces = _pieces(source.raw, inner, kept, raw_start, raw_end) if inner or kept else None
         atoms_in = {atom.placeholder: atom.raw for atom in kept}
         tagged = Tagged(_elements(inner, start, end), pieces, atoms=atoms_in) if pieces is not None else None
@@ -706,10 +718,6 @@ def _run_parts(
     parts.append(after)
     written = "".join(part if isinstance(part, str) else part[1] for part in parts)
     return parts if all(placed) and written == _rebuilt(source.raw, tags) else None
-
-
-def _text_at(atom: _Atom) -> int:
-    return atom.text_at
 
 
 def _pieces(raw: str, tags: list[_Tag], atoms: list[_Atom], start: int, end: int) -> Document:
@@ -972,36 +980,21 @@ def _kept_elements(markup: str) -> dict[int, int]:
         if end is None:
             i = markup.find("<", i + 1)
             continue
-        name = _TAG_NAME.match(markup, i, end)
-        if name is not None and markup.endswith(">", i, end):
-            tag = name.group(1).lower()
-            if markup[i + 1] == "/":
-                if open_.get(tag):
-                    start, keep = open_[tag].pop()
+        tag = _tag_at(markup, i, end)
+        if tag is not None:
+            if tag.closing:
+                if open_.get(tag.name):
+                    start, keep = open_[tag.name].pop()
                     if keep:
                         kept[start] = end
-            elif tag in _RAW_TEXT_END:
-                close = _RAW_TEXT_END[tag].search(markup, end)
+            elif tag.name in _RAW_TEXT_END:
+                close = _RAW_TEXT_END[tag.name].search(markup, end)
                 end = close.start() if close else len(markup)
-            elif not markup.endswith("/>", i, end) and tag not in _VOID:
-                keep = tag in KEPT_INLINE or _NO_TRANSLATE.search(markup, i, end) is not None
-                open_.setdefault(tag, []).append((i, keep))
+            elif tag.opens and tag.name not in _VOID:
+                keep = tag.name in KEPT_INLINE or _NO_TRANSLATE.search(markup, i, end) is not None
+                open_.setdefault(tag.name, []).append((i, keep))
         i = markup.find("<", end)
     return kept
-
-
-def _is_void_kept(markup: str, start: int, end: int) -> bool:
-    """Whether markup[start:end] is a whole tag of a KEPT_VOID element."""
-    name = _TAG_NAME.match(markup, start, end)
-    return name is not None and markup[start + 1] != "/" and name.group(1).lower() in KEPT_VOID and markup.endswith(
-        ">", start, end
-    )
-
-
-def _is_inline(markup: str, start: int, end: int) -> bool:
-    """Whether the start tag at markup[start:end] is of an inline element (INLINE, KEPT_INLINE)."""
-    name = _TAG_NAME.match(markup, start, end)
-    return name is not None and name.group(1).lower() in INLINE | KEPT_INLINE
 
 
 # Cutting a long sentence

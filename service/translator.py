@@ -341,9 +341,10 @@ class Translator:
             offset += len(doc.texts)
             best = [answers[0] for answers in mine]
             texts.append(doc.join(best, placed[d]))
-            kept = dict(placed[d])
+            kept = dict(placed[d])  # an eager tagged sentence always renders: the lazy ones' best, for alternatives
             if options.alternatives:
-                kept.update({i: out for i in doc.tagged if i not in kept and (out := doc.render(i, best)) is not None})
+                lazy = [i for i, tagged in doc.tagged.items() if not tagged.eager and i not in kept]
+                kept.update({i: out for i in lazy if (out := doc.render(i, best)) is not None})
             alternatives.append(
                 [doc.join([a[min(k, len(a) - 1)] for a in mine], kept) for k in range(1, options.alternatives + 1)]
             )
