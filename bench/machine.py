@@ -62,6 +62,27 @@ def cpu_model(fields: dict[str, str]) -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_family(fields: dict[str, str]) -> str:
+    """The x86 family and model numbers, which tell generations apart where the model name does not ("AMD EPYC":
+    family 25 is Zen 3 or Zen 4, 26 Zen 5); empty on ARM."""
+    if not fields.get("cpu family"):
+        return ""
+    return f"family {fields['cpu family']} model {fields.get('model', '?')}"
+
+
+def cache_sizes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict[str, int]:
+    """The first CPU's data and unified caches in KiB by level ("L1d", "L2", "L3"), as sysfs lists them; empty where
+    it does not. The int8 products' speed at the default model's size turns on whether a step's weights and caches
+    stay in L2."""
+    sizes: dict[str, int] = {}
+    for index in sorted(root.glob("index*")):
+        kind, level, size = (read(str(index / name)).strip() for name in ("type", "level", "size"))
+        if kind == "Instruction" or not level.isdigit() or not size.endswith("K") or not size[:-1].isdigit():
+            continue
+        sizes[f"L{level}d" if kind == "Data" else f"L{level}"] = int(size[:-1])
+    return sizes
+
+
 def isa_features(fields: dict[str, str]) -> list[str]:
     """The kernels' instruction sets this CPU has, in ISA's order."""
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
@@ -113,6 +134,8 @@ def describe(device: str = "cpu") -> dict[str, Any]:
     fields = cpu_fields(read("/proc/cpuinfo"))
     return {
         "cpu": cpu_model(fields),
+        "family": cpu_family(fields),
+        "cache_kib": cache_sizes(),
         "vendor": fields.get("vendor_id", ""),
         "isa": isa_features(fields),
         "cores_usable": available_cores(),
@@ -129,11 +152,15 @@ def describe(device: str = "cpu") -> dict[str, Any]:
 def headline(machine: dict[str, Any]) -> str:
     """One line for the top of a benchmark's output."""
     isa = f"; {', '.join(machine['isa'])}" if machine["isa"] else ""
-    cores = f"{machine['cores_usable']} of {machine['cpus_online']} CPUs usable{isa}"
+    family = f", {machine['family']}" if machine.get("family") else ""
+    sizes = [f"{level} {kib // 1024} MiB" if kib >= 1024 else f"{level} {kib} KiB"
+             for level, kib in machine.get("cache_kib", {}).items() if level in ("L2", "L3")]  # fmt: skip
+    caches = f"; {', '.join(sizes)}" if sizes else ""
+    cores = f"{machine['cores_usable']} of {machine['cpus_online']} CPUs usable{isa}{caches}"
     memory = f", {machine['memory_gib']:g} GiB" if machine["memory_gib"] else ""
     gpu = f"; GPU: {', '.join(machine['gpus'])}" if machine["gpus"] else ""
     packages = ", ".join(f"{name} {version}" for name, version in machine["packages"].items())
-    return f"machine: {machine['cpu']} ({cores}){memory}{gpu}; {packages}; {machine['date']}"
+    return f"machine: {machine['cpu']}{family} ({cores}){memory}{gpu}; {packages}; {machine['date']}"
 
 
 def main(argv: list[str] | None = None) -> int:
