@@ -182,6 +182,11 @@ class Settings(BaseSettings):
         description="inside a sentence, each run of symbols (emoji, €, °) or of characters the model's vocabulary "
         "lacks goes to the model as a placeholder %1, %2, ..., put back in its translation (service/placeholders.py)",
     )
+    html_attributes: bool = Field(
+        True,
+        description="in HTML, translate the values of attributes people read (alt, title, placeholder, aria-label, "
+        "a button's value, a meta description: service/text.py ATTRIBUTES) besides the text between tags",
+    )
     max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413 above)")
     max_request_items: int = Field(128, ge=1, description="strings in one request's q list (413 above)")
     max_request_sentences: int = Field(512, ge=1, description="sentences in one request after splitting (413)")

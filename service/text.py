@@ -81,6 +81,21 @@ KEPT_INLINE = frozenset(["code", "samp"])
 KEPT_VOID = frozenset(["img", "input"])  # ... and these, which have no content: the tag alone
 _NO_TRANSLATE = re.compile(r"""\s(?:translate\s*=\s*["']?no\b|class\s*=\s*["'][^"']*\bnotranslate\b)""", re.IGNORECASE)
 _NUMBERED = re.compile(r"%(\d+)")
+# Attributes whose values are text for people to read (HTML's translatable attributes, ARIA's labels): element ->
+# its attributes ("*": every element's). Also `value` of a button-like input and `content` of a meta description
+# (_translatable). Their values are translated as documents of their own (Attribute).
+ATTRIBUTES = {
+    "*": frozenset(["title", "aria-label", "aria-description", "aria-placeholder", "aria-roledescription"]),
+    "img": frozenset(["alt"]), "area": frozenset(["alt"]), "input": frozenset(["alt", "placeholder"]),
+    "textarea": frozenset(["placeholder"]), "th": frozenset(["abbr"]),
+    "optgroup": frozenset(["label"]), "option": frozenset(["label"]), "track": frozenset(["label"]),
+}  # fmt: skip
+_BUTTONS = frozenset(["button", "reset", "submit"])  # input types whose value is the button's label
+_DESCRIPTIONS = frozenset(  # meta elements, by name or property, whose content is
+    ["description", "keywords", "og:title", "og:description", "twitter:title", "twitter:description"]
+)
+_ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+)))?""")
+_MARKER = re.compile("\ue000([0-9]+)\ue001")  # where an attribute's translated value goes (Document.attributes)
 _WORD = re.compile(r"\w+")
 _REACH = 24  # words either side of where an element stood that its words are looked for, when not found as such
 _NEAR = 0.65  # how like an element's words (difflib's ratio) the words of the translation it goes around must be
@@ -88,7 +103,8 @@ _NEAR = 0.65  # how like an element's words (difflib's ratio) the words of the t
 
 def clean(text: str) -> str:
     """Lone surrogates to U+FFFD, no control characters but tab and line breaks. Everything else stays as written
-    (a CRLF text comes back with its CRLFs; HTML's attributes, comments, pre and script keep their characters):
+    (a CRLF text comes back with its CRLFs; HTML's untranslated attributes, comments, pre and script keep their
+    characters):
     what the model reads of a sentence is `model_input`'s."""
     if _SURROGATE.search(text):
         text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")  # pairs joined
@@ -148,6 +164,25 @@ class Tagged:
 
 
 @dataclass(frozen=True)
+class Attribute:
+    """A translatable attribute's value (ATTRIBUTES: alt, title, placeholder, ...) as a document of its own, and
+    the quote around it as written; its tag holds a marker where the value stood (Document.attributes)."""
+
+    value: Document  # markup: its character references kept where its text comes back unchanged
+    quote: str  # '"', "'", or "" (unquoted)
+
+    def put(self, translations: Sequence[str]) -> str:
+        """The value to write back: as written where its translation is its text, else the translation escaped
+        for its quotes (quoted where it was not)."""
+        out = self.value.join(translations)
+        if list(translations) == self.value.sentences:
+            return out  # the value as written
+        if self.quote == "'":
+            return out.replace("'", "&#39;")
+        return out.replace('"', "&quot;") if self.quote else '"' + out.replace('"', "&quot;") + '"'
+
+
+@dataclass(frozen=True)
 class Document:
     """Sentences to translate and everything else, kept verbatim, to put the translations back.
 
@@ -158,7 +193,9 @@ class Document:
     one translation for each, and the answer for each sentence `unplaced` says has none in them. expand() cuts
     sentences into pieces that become sentences of their own with the whitespace between them as separators;
     origins[i] is the index, in the document split_text/split_html returned, of the sentence that piece i comes
-    from.
+    from. `attributes`: in HTML, the translatable attribute values of the tags whose text is translated, each a
+    document of its own whose sentences come last in `texts`; the tags, in separators, originals and Tagged, hold
+    a marker in each one's place (\\ue000k\\ue001), and join puts the translated value there.
     """
 
     sentences: list[str]
@@ -167,19 +204,30 @@ class Document:
     origins: list[int]
     markup: bool = False
     tagged: dict[int, Tagged] = field(default_factory=dict)  # sentence index -> its inline elements
+    attributes: tuple[Attribute, ...] = ()
 
     @property
     def texts(self) -> list[str]:
-        if not self.tagged:
+        if not self.tagged and not self.attributes:
             return self.sentences
         eager = [s for i in sorted(self.tagged) if self.tagged[i].eager for s in self.tagged[i].pieces.sentences]
-        return self.sentences + eager
+        return self.sentences + eager + self.attribute_texts
+
+    @property
+    def attribute_texts(self) -> list[str]:
+        return [s for attribute in self.attributes for s in attribute.value.sentences]
 
     def join(self, translations: Sequence[str], placed: Mapping[int, str] | None = None) -> str:
         """The input with each sentence replaced by its translation, in order; `placed`: the answers of the
         unplaced sentences (their pieces' translations, joined by their Tagged.pieces)."""
         if len(translations) != len(self.texts):
             raise ValueError(f"{len(translations)} translations for {len(self.texts)} sentences")
+        if self.attributes:
+            own = len(translations) - len(self.attribute_texts)
+            return self._put_attributes(self._join(translations[:own], placed), translations[own:])
+        return self._join(translations, placed)
+
+    def _join(self, translations: Sequence[str], placed: Mapping[int, str] | None) -> str:
         if not self.tagged:  # (every plain-text request: no call a sentence)
             return self._join_plain(translations)
         parts = [self.separators[0]]
@@ -191,6 +239,15 @@ class Document:
                 out = placed[i]
             parts += [out, self.separators[i + 1]]
         return "".join(parts)
+
+    def _put_attributes(self, joined: str, translations: Sequence[str]) -> str:
+        """`joined` with each attribute's marker replaced by its value (Attribute.put), `translations` the
+        attributes' sentences' in order."""
+        values, at = [], 0
+        for attribute in self.attributes:
+            values.append(attribute.put(translations[at : at + len(attribute.value.sentences)]))
+            at += len(attribute.value.sentences)
+        return _MARKER.sub(lambda marker: values[int(marker[1])], joined)
 
     def _join_plain(self, translations: Sequence[str]) -> str:
         parts = [self.separators[0]]
@@ -242,7 +299,8 @@ class Document:
                     builder.add_spans(*self._limited(pieces.originals[k], piece, count, limit), self.origins[i])
                 builder.keep(pieces.separators[-1])
             builder.keep(self.separators[i + 1])
-        return builder.build()
+        attributes = tuple(replace(a, value=a.value.expand(count, limit)) for a in self.attributes)
+        return replace(builder.build(), attributes=attributes)
 
     def _limited(self, original: str, sentence: str, count: Count, limit: int) -> tuple[_Source, list[tuple[int, int]]]:
         source = _Source.of(original, self.markup)
@@ -272,8 +330,10 @@ def split_text(text: str) -> Document:
     return builder.build()
 
 
-def split_html(markup: str, inline: bool = True, placeholders: bool = True) -> Document:
-    """HTML: only text between tags is translated, never inside script, style, code or pre, nor attributes.
+def split_html(markup: str, inline: bool = True, placeholders: bool = True, attributes: bool = True) -> Document:
+    """HTML: text between tags is translated, never inside script, style, code or pre; so are the values of the
+    translatable attributes (ATTRIBUTES: alt, title, placeholder, ...) of the tags around translated text, unless
+    `attributes` is False, or the tag or its element is marked translate="no" or class="notranslate".
 
     Tags, comments, doctypes and character references are kept verbatim. An unterminated tag or comment runs
     to the end of the input, as in a browser, and is kept untranslated. A sentence runs through the tags of
@@ -286,6 +346,9 @@ def split_html(markup: str, inline: bool = True, placeholders: bool = True) -> D
     run = _Run(builder)  # text and inline tags since the last other tag
     inside: Counter[str] = Counter()  # open code/pre elements
     kept = _kept_elements(markup)  # start tag -> the end of its element, kept as written
+    # a tag's translatable attribute values: markers in its place (none where the input holds a marker's characters)
+    marked = _Attributes() if attributes and "\ue000" not in markup and "\ue001" not in markup else None
+    at = marked.marked if marked is not None else str
     text_start, i = 0, markup.find("<")
     while i != -1:
         end = _markup_end(markup, i)
@@ -300,18 +363,19 @@ def split_html(markup: str, inline: bool = True, placeholders: bool = True) -> D
             inside_sentence = placeholders and tag is not None and tag.name in INLINE | KEPT_INLINE
             run.atom(element) if inside_sentence else run.keep(element)
         elif placeholders and tag is not None and not tag.closing and tag.name in KEPT_VOID:  # an image: a placeholder
-            run.atom(markup[i:end])
+            run.atom(at(markup[i:end]))
             text_start = end
         elif tag is not None and (tag.opens or tag.closing) and tag.name in INLINE:
-            run.tag(markup[i:end], tag.name, tag.closing)
+            run.tag(at(markup[i:end]), tag.name, tag.closing)
             text_start = end
         else:
-            run.keep(markup[i:end])
+            run.keep(at(markup[i:end]) if translate else markup[i:end])
             text_start = _after_tag(markup, i, end, run, inside)
         i = markup.find("<", text_start)
     run.text(markup[text_start:]) if not any(inside.values()) else run.keep(markup[text_start:])
     run.flush()
-    return builder.build()
+    document = builder.build()
+    return replace(document, attributes=tuple(marked.found)) if marked is not None and marked.found else document
 
 
 def limit_sentence(sentence: str, count: Count, limit: int) -> list[str]:
@@ -578,6 +642,48 @@ def _after_tag(markup: str, start: int, end: int, builder: _Builder | _Run, insi
         builder.keep(markup[end:resume])
         return resume
     return end
+
+
+@dataclass
+class _Attributes:
+    """The translatable attribute values of the tags split_html gives it, in order (Document.attributes)."""
+
+    found: list[Attribute] = field(default_factory=list)
+
+    def marked(self, tag: str) -> str:
+        """The whole start tag `tag` with a marker in place of each translatable attribute value that holds a
+        sentence; as it is for any other markup, or a tag marked translate="no" or class="notranslate"."""
+        name = _TAG_NAME.match(tag)
+        if "=" not in tag or name is None or tag[1] == "/" or not tag.endswith(">") or _NO_TRANSLATE.search(tag):
+            return tag
+        element = name.group(1).lower()
+        found = [(m[1].lower(), m) for m in _ATTRIBUTE.finditer(tag, name.end(), len(tag) - 1)]
+        values = {attribute: m[2] or m[3] or m[4] or "" for attribute, m in found}
+        parts, at = [], 0
+        for attribute, m in found:
+            group = next((g for g in (2, 3, 4) if m[g] is not None), None)
+            if group is None or not _translatable(element, attribute, values):
+                continue
+            value = _Builder(markup=True)
+            value.add_text(m[group])
+            if not value.sentences:
+                continue
+            parts += [tag[at : m.start(group)], f"\ue000{len(self.found)}\ue001"]
+            self.found.append(Attribute(value.build(), '"' if group == 2 else "'" if group == 3 else ""))
+            at = m.end(group)
+        return "".join([*parts, tag[at:]]) if parts else tag
+
+
+def _translatable(element: str, attribute: str, values: Mapping[str, str]) -> bool:
+    """Whether this attribute of this element holds text for people to read (ATTRIBUTES), given the element's
+    attributes' values (an input's type, a meta element's name)."""
+    if attribute in ATTRIBUTES["*"] or attribute in ATTRIBUTES.get(element, ()):
+        return True
+    if element == "input" and attribute == "value":
+        return values.get("type", "").strip().lower() in _BUTTONS
+    if element == "meta" and attribute == "content":
+        return (values.get("name") or values.get("property") or "").strip().lower() in _DESCRIPTIONS
+    return False
 
 
 # Inline elements: a sentence through their tags, and the tags back in its translation

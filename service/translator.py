@@ -119,16 +119,22 @@ class Translator:
     # -- preparing a request (in a worker thread when it is long: see INLINE_CHARS) ---------------
 
     def prepare(self, texts: list[str], target: str, options: TranslateOptions) -> Prepared:
-        split = partial(text.split_html, placeholders=self.settings.mask_symbols) if options.html else text.split_text
+        split = text.split_text
+        if options.html:
+            settings = self.settings
+            split = partial(text.split_html, placeholders=settings.mask_symbols, attributes=settings.html_attributes)
         documents = [split(text.clean(t)) for t in texts]
-        self._check_sentences(sum(len(doc.sentences) for doc in documents))  # before any token is counted
+        attributes = sum(len(doc.attribute_texts) for doc in documents) if options.html else 0  # their values'
+        # before any token is counted
+        self._check_sentences(sum(len(doc.sentences) for doc in documents) + attributes, attributes=attributes)
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.texts]
         lazy = pieces = 0  # inline tags' pieces (text.Tagged): lazy ones in a second pass, if at all
         if options.html:
             lazy = sum(len(t.pieces.sentences) for doc in documents for t in doc.tagged.values() if not t.eager)
-            pieces = len(sentences) + lazy - sum(len(doc.sentences) for doc in documents)
-        self._check_sentences(len(sentences) + lazy, cut=True, pieces=pieces)  # cutting long sentences made more
+            attributes = sum(len(doc.attribute_texts) for doc in documents)  # (cut too)
+            pieces = len(sentences) + lazy - attributes - sum(len(doc.sentences) for doc in documents)
+        self._check_sentences(len(sentences) + lazy, cut=True, pieces=pieces, attributes=attributes)
         masks = [self.masked(s) for s in sentences]
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
         return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
@@ -140,10 +146,11 @@ class Translator:
             return Masked(text.model_input(sentence))
         return mask(text.model_input(sentence, keep_flags=True), self.tokenizer.readable)
 
-    def _check_sentences(self, count: int, cut: bool = False, pieces: int = 0) -> None:
+    def _check_sentences(self, count: int, cut: bool = False, pieces: int = 0, attributes: int = 0) -> None:
         """413 for more sentences than a request may have, or than the whole queue holds (a 503 'retry later' for
         a request that can never fit would be retried forever). `cut`: counted once long sentences were cut;
-        `pieces` of them are the text between inline HTML tags, translated besides their sentences."""
+        `pieces` of them are the text between inline HTML tags, translated besides their sentences, and
+        `attributes` those of HTML attribute values (alt, title, ...)."""
         if count <= min(self.settings.max_request_sentences, self.settings.max_queue_sentences):
             return  # (every request: no message built)
         has = f"the request has {count} sentences" + (
@@ -151,6 +158,8 @@ class Translator:
         )
         if pieces:
             has += f", {pieces} of them the text between inline tags, translated besides the sentences they are in"
+        if attributes:
+            has += f", {attributes} of them in attribute values (alt, title, ...; MT_HTML_ATTRIBUTES=false: none)"
         if count > self.settings.max_request_sentences:
             raise TooLarge(f"{has}; the limit is {self.settings.max_request_sentences}")
         if count > self.settings.max_queue_sentences:
@@ -337,7 +346,7 @@ class Translator:
         texts, alternatives, scores, offset = [], [], [], 0
         for d, doc in enumerate(prepared.documents):
             mine = decoded[offset : offset + len(doc.texts)]
-            shown = [h[0].score for h in hypotheses[offset : offset + len(doc.sentences)]]  # not the pieces'
+            shown = [h[0].score for h in hypotheses[offset : offset + len(doc.sentences)]]  # not pieces', attributes'
             offset += len(doc.texts)
             best = [answers[0] for answers in mine]
             texts.append(doc.join(best, placed[d]))

@@ -173,6 +173,26 @@ def test_html_a_sentence_runs_through_its_inline_tags(client: TestClient, model_
     )
 
 
+def test_html_attributes_people_read_are_translated(client: TestClient, model_dir: Path) -> None:
+    """alt and title go to the model as sentences of their own, after the text, and come back escaped for their
+    quotes; a link's href stays as written; MT_HTML_ATTRIBUTES=false keeps them all."""
+    q = '<p title="Delete %d items?">Open the file. <img src="a.png" alt=\'Cannot connect to the server.\'></p>'
+    body = client.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
+    title, alt = (solo(model_dir, s) for s in ("Delete %d items?", "Cannot connect to the server."))
+    title = html.escape(title, quote=False).replace('"', "&quot;")
+    alt = html.escape(alt, quote=False).replace("'", "&#39;")
+    answer = body["translatedText"]
+    assert answer.startswith(f'<p title="{title}">') and answer.endswith(f"<img src=\"a.png\" alt='{alt}'></p>"), answer
+    tokens = Tokenizer.from_folder(load_model_folder(model_dir)).encode
+    read = sum(len(tokens(s, "fr")) for s in ("Open the file. %1", "Delete %d items?", "Cannot connect to the server."))
+    again = len(tokens("Open the file.", "fr"))  # the image's sentence's text alone, if the model lost its %1
+    assert body["usage"]["input_tokens"] in (read, read + again)
+    with TestClient(create_app(settings_for(model_dir, html_attributes=False))) as c:
+        body = c.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
+    kept = body["translatedText"]
+    assert kept.startswith('<p title="Delete %d items?">') and "alt='Cannot connect to the server.'" in kept
+
+
 @pytest.mark.parametrize("q", ["", "   ", "\n\n", "\r\n", "\x0b\x85\u2028", " \u2060\u202a\u202c "])
 def test_empty_and_blank_text_come_back_unchanged(client: TestClient, q: str) -> None:
     """Whitespace of any kind, line breaks as written (CRLF too) and invisible format characters alone."""
@@ -193,8 +213,8 @@ def test_line_breaks_come_back_as_written_and_format_characters_stay_out_of_the_
 
 
 def test_html_outside_the_sentences_comes_back_as_written(client: TestClient) -> None:
-    """pre, script, comments and attributes keep their characters: CRLFs, decomposed accents (no NFC)."""
-    kept = '<pre>line1\r\nline2</pre><script>var s = "\u212b";</script><!-- \r\n --><a title="Cafe\u0301"></a>'
+    """pre, script, comments and attributes not for reading keep their characters: CRLFs, decomposed accents."""
+    kept = '<pre>line1\r\nline2</pre><script>var s = "\u212b";</script><!-- \r\n --><a data-x="Cafe\u0301"></a>'
     body = client.post("/translate", json={"q": kept, "source": "en", "target": "fr", "format": "html"}).json()
     assert body["translatedText"] == kept
 
@@ -458,3 +478,10 @@ def test_a_request_whose_inline_tags_make_too_many_sentences_says_so(model_dir: 
             "them the text between inline tags, translated besides the sentences they are in; the limit is 4"
         )
         assert c.post("/translate", json={"q": q, "source": "en", "target": "fr"}).status_code == 200  # as text
+        titled = '<p title="A tip.">Open the file.</p><img alt="A car."><img alt="A bus."><img alt="A van.">'
+        response = c.post("/translate", json={"q": titled, "source": "en", "target": "fr", "format": "html"})
+        assert response.status_code == 413
+        assert response.json()["error"] == (
+            "the request has 5 sentences, 4 of them in attribute values (alt, title, ...; MT_HTML_ATTRIBUTES=false: "
+            "none); the limit is 4"
+        )

@@ -188,13 +188,96 @@ def test_split_by_format() -> None:
 def test_html_translates_text_between_tags_only() -> None:
     page = (
         "<!DOCTYPE html>\n<html><head><title>My page</title></head>\n"
-        '<body class="x"><p title="Not this.">Hello. World</p></body></html>'
+        '<body class="x"><p data-title="Not this.">Hello. World</p></body></html>'
     )
     doc = split_html(page)
-    assert doc.sentences == ["My page", "Hello.", "World"]
+    assert doc.sentences == doc.texts == ["My page", "Hello.", "World"]
     assert doc.join(["Ma page", "Bonjour.", "Monde"]) == page.replace("My page", "Ma page").replace(
         "Hello. World", "Bonjour. Monde"
     )
+
+
+def test_html_attributes_people_read_are_translated_after_the_text() -> None:
+    page = (
+        '<html><head><meta name="description" content="All about cars."><meta charset="utf-8"></head>'
+        '<body><p title="A tip.">Hello. <img src="car.png" alt="A red car"></p>'
+        '<input type="text" value="name" placeholder="Your name"><input type=submit value="Send it">'
+        '<select><option label="First">1</option></select><button aria-label="Close">x</button></body></html>'
+    )
+    doc = split_html(page)
+    assert doc.sentences == ["Hello. %1", "x"]
+    values = ["All about cars.", "A tip.", "A red car", "Your name", "Send it", "First", "Close"]
+    assert doc.texts == [*doc.sentences, *values]
+    assert doc.join(doc.texts) == page
+    out = doc.join([text.upper() for text in doc.texts])
+    expected = page.replace("Hello.", "HELLO.").replace(">x<", ">X<")
+    for value in values:
+        expected = expected.replace(f'"{value}"', f'"{value.upper()}"')
+    assert out == expected and 'value="name"' in out  # a text input's value is what was typed
+
+
+@pytest.mark.parametrize(
+    ("markup", "translated"),
+    [
+        ('<img alt="Car">', '<img alt="Car &quot;big&quot; it\'s">'),
+        ("<img alt='Car'>", "<img alt='Car \"big\" it&#39;s'>"),
+        ("<img alt=Car>", '<img alt="Car &quot;big&quot; it\'s">'),  # unquoted: quoted once it has spaces
+        ('<img alt="Tom &amp; Jerry">', '<img alt="Tom &amp; Jerry &quot;big&quot; it\'s">'),
+    ],
+)
+def test_html_attribute_values_are_escaped_for_their_quotes(markup: str, translated: str) -> None:
+    doc = split_html(markup + " Go.")
+    assert doc.join([*doc.sentences, *(t + ' "big" it\'s' for t in doc.attribute_texts)]) == translated + " Go."
+    assert doc.join(doc.texts) == markup + " Go."  # as written where its translation is its text
+
+
+@pytest.mark.parametrize(
+    "markup",
+    [
+        '<img translate="no" alt="A car">',  # the tag marked
+        '<img class="x notranslate" alt="A car">',
+        '<div translate="no"><img alt="A car"><p title="A tip.">x</p></div>',  # inside an element marked
+        '<pre><b title="A tip.">x = 1</b></pre>',  # inside pre or code
+        '<code><abbr title="A tip.">x</abbr></code>',
+        '<script>document.write("<img alt=\'A car\'>")</script>',
+        '<a href="A car" data-title="A tip." class="A car" id=x>',  # no attribute people read
+        '<img alt="A car"',  # a tag the input ends in
+        '<img alt="" title="  ">',  # nothing to translate
+        '<img alt="A car \ue000">',  # the input holds a marker's characters
+    ],
+)
+def test_html_attributes_that_stay_as_written(markup: str) -> None:
+    doc = split_html(markup)
+    assert doc.attributes == () and "A car" not in doc.texts and "A tip." not in doc.texts
+    assert doc.join(doc.texts) == markup
+
+
+def test_html_attributes_are_kept_when_asked() -> None:
+    doc = split_html('<p title="A tip.">Hello.</p>', attributes=False)
+    assert doc.texts == ["Hello."] and doc.join(["Bonjour."]) == '<p title="A tip.">Bonjour.</p>'
+
+
+def test_html_attributes_of_inline_and_kept_elements_in_a_sentence() -> None:
+    """An inline element's title and an image's alt go back translated, whether the tags found their words in the
+    whole translation or the answer is the pieces' translations."""
+    markup = '<p>Click <a href="/s" title="Opens the settings">Save</a> or <img alt="a disk"> now.</p>'
+    doc = split_html(markup)
+    assert doc.texts == ["Click Save or %1 now.", "Click", "Save", "or", "now.", "Opens the settings", "a disk"]
+    placed = doc.join(["Cliquez Enregistrer ou %1 maintenant.", "Cliquez", "Enregistrer", "ou", "maintenant.",
+                       "Ouvre les réglages", "un disque"])  # fmt: skip
+    assert placed == (
+        '<p>Cliquez <a href="/s" title="Ouvre les réglages">Enregistrer</a> ou <img alt="un disque"> maintenant.</p>'
+    )
+    pieces = doc.join(["Cliquez maintenant.", "Cliquez", "Enregistrer", "ou", "maintenant.", "Ouvre", "un disque"])
+    assert pieces == '<p>Cliquez <a href="/s" title="Ouvre">Enregistrer</a> ou <img alt="un disque"> maintenant.</p>'
+
+
+def test_html_a_long_attribute_value_is_cut_and_joined_back() -> None:
+    value = "Open the file and read it all, then close it again and put it back where it was. " * 2
+    doc = split_html(f'<img alt="{value.strip()}"> Go.').expand(pieces, 12)
+    assert len(doc.attribute_texts) > 2 and all(pieces(s) <= 12 for s in doc.texts)
+    assert doc.join(doc.texts) == f'<img alt="{value.strip()}"> Go.'
+    assert doc.join([t.upper() for t in doc.texts]) == f'<img alt="{value.strip().upper()}"> GO.'
 
 
 def test_html_references_are_unescaped_for_translation_and_translations_escaped() -> None:
@@ -268,7 +351,7 @@ def test_html_which_inline_elements_a_sentence_keeps(markup: str, sentences: lis
         ("A <code>x <code>y</code> z</code> b.", "A %1 b.", {"%1": "<code>x <code>y</code> z</code>"}),  # nested
         ("Set %1 to <code>x</code>.", "Set %1 to %2.", {"%2": "<code>x</code>"}),  # the sentence's own %1 stays
         ("Use <b><code>git</code> log</b> now.", "Use %1 log now.", {"%1": "<code>git</code>"}),
-        ("Click <img src='s.png' alt='Save'> to save.", "Click %1 to save.", {"%1": "<img src='s.png' alt='Save'>"}),
+        ("Click <img src='s.png' width='16'> to save.", "Click %1 to save.", {"%1": "<img src='s.png' width='16'>"}),
         ("Tick <input type=checkbox/> to agree.", "Tick %1 to agree.", {"%1": "<input type=checkbox/>"}),
     ],
 )
@@ -425,8 +508,8 @@ def test_expand_keeps_a_tagged_sentence_within_the_limit_and_cuts_its_pieces_pas
         "<?xml version='1.0'?>",
         "<![CDATA[raw]]>",
         "<svg><desc><![CDATA[Click > to open the menu.]]></desc></svg>",  # ends at "]]>", not at ">"
-        '<img alt="Alt text. Not translated" src="a.png"/>',
-        '<a href=\'x\' title="a > b" data-x="it\'s">',
+        '<img data-alt="Alt text. Not translated" src="a.png"/>',
+        '<a href=\'x\' data-title="a > b" data-x="it\'s">',  # (translated attributes: above)
     ],
 )
 def test_html_untranslated_parts(kept: str) -> None:
@@ -552,6 +635,10 @@ MARKUP = st.lists(
             '"',
             "Ab",
             "<br/>",
+            "<img alt='",  # attributes people read (translated), whole and in parts
+            "<p title=\"Go &amp; see. Now\">",
+            " title=",
+            "<img alt=A&lt;b>",
         ]
     ),
     max_size=40,
@@ -562,14 +649,15 @@ KEPT_TAGS = ["<code>", "</code>", "<span translate=no>", "</span>", "<div class=
 TAGGED = st.lists(
     st.sampled_from(
         [*INLINE_TAGS, *KEPT_TAGS, "Open", " the", " file", ".", " Now", "Ab.", " ", "\n", "&amp;", "&am", "p;", "•"]
-        + ["5", "%1"]
+        + ["5", "%1", "<b title='A tip.'>", "<img alt=\"A car\" src=x>"]
     ),
     max_size=40,
 ).map("".join)
 WRAPS = [("<b>", "</b>"), ("<i>", "</i>"), ("<a href='x'>", "</a>"), ("<code>", "</code>")]
-WRAPS += [("<span translate=no>", "</span>")]
+WRAPS += [("<span translate=no>", "</span>"), ("<a title='Go there.'>", "</a>")]
 PHRASE = st.recursive(
-    st.sampled_from(["Open", "the", "file", "now", "Ab", "x", "&amp;", "5", "%1", "•", "&am", "<img src=x>"]),
+    st.sampled_from(["Open", "the", "file", "now", "Ab", "x", "&amp;", "5", "%1", "•", "&am", "<img src=x>"]
+                    + ["<img alt='A car' src=x>"]),
     lambda inner: st.tuples(st.sampled_from(WRAPS), st.lists(inner, min_size=1, max_size=3)).map(
         lambda wrapped: wrapped[0][0] + " ".join(wrapped[1]) + wrapped[0][1]
     ),
@@ -649,6 +737,7 @@ def test_any_translation_keeps_every_tag_once(markup: str, data: st.DataObject |
     out = doc.join(translations, placed)
     tags = re.compile("|".join(re.escape(t) for t in INLINE_TAGS + KEPT_TAGS))
     assert sorted(tags.findall(out)) == sorted(tags.findall(markup))
+    assert "\ue000" not in out and "\ue001" not in out  # every attribute's value in its place
 
 
 @given(st.one_of(PROSE, MARKUP, ANY, TAGGED, STRUCTURED), st.sampled_from([split_text, split_html]), st.integers(3, 12))
@@ -697,6 +786,8 @@ def test_limit_sentence_loses_nothing(text: str, limit: int) -> None:
         "a <b>x</b>" * 50_000,
         "A <code>x</code> b. " * 20_000,
         "Go <code>x</code>5 y. " * 20_000,
+        '<img alt="A car."> ' * 20_000,
+        "<p " + "title=a " * 50_000 + ">x",
     ],
     ids=[
         "no-spaces",
@@ -714,6 +805,8 @@ def test_limit_sentence_loses_nothing(text: str, limit: int) -> None:
         "tags-in-one-sentence",
         "kept-elements",
         "kept-elements-before-digits",
+        "attributes",
+        "attributes-in-one-tag",
     ],
 )
 def test_hostile_input_is_linear_and_lossless(text: str) -> None:
