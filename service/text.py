@@ -104,8 +104,7 @@ _NEAR = 0.65  # how like an element's words (difflib's ratio) the words of the t
 def clean(text: str) -> str:
     """Lone surrogates to U+FFFD, no control characters but tab and line breaks. Everything else stays as written
     (a CRLF text comes back with its CRLFs; HTML's untranslated attributes, comments, pre and script keep their
-    characters):
-    what the model reads of a sentence is `model_input`'s."""
+    characters): what the model reads of a sentence is `model_input`'s."""
     if _SURROGATE.search(text):
         text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")  # pairs joined
     return _CONTROL.sub("", text)
@@ -658,7 +657,9 @@ class _Attributes:
             return tag
         element = name.group(1).lower()
         found = [(m[1].lower(), m) for m in _ATTRIBUTE.finditer(tag, name.end(), len(tag) - 1)]
-        values = {attribute: m[2] or m[3] or m[4] or "" for attribute, m in found}
+        values: dict[str, str] = {}  # the first of each name, as a browser reads them
+        for attribute, m in found:
+            values.setdefault(attribute, m[2] or m[3] or m[4] or "")
         parts, at = [], 0
         for attribute, m in found:
             group = next((g for g in (2, 3, 4) if m[g] is not None), None)
