@@ -95,6 +95,8 @@ _DESCRIPTIONS = frozenset(  # meta elements, by name or property, whose content 
     ["description", "keywords", "og:title", "og:description", "twitter:title", "twitter:description"]
 )
 _ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+)))?""")
+_LANG = frozenset(["lang", "xml:lang"])  # attributes that name the language of an element's text
+_VERBATIM = _UNTRANSLATED | KEPT_INLINE | frozenset(_RAW_TEXT_END)  # elements whose text is never translated
 _MARKER = re.compile("\ue000([0-9]+)\ue001")  # where an attribute's translated value goes (Document.attributes)
 _WORD = re.compile(r"\w+")
 _REACH = 24  # words either side of where an element stood that its words are looked for, when not found as such
@@ -329,10 +331,18 @@ def split_text(text: str) -> Document:
     return builder.build()
 
 
-def split_html(markup: str, inline: bool = True, placeholders: bool = True, attributes: bool = True) -> Document:
+def split_html(
+    markup: str,
+    inline: bool = True,
+    placeholders: bool = True,
+    attributes: bool = True,
+    languages: tuple[str, str] | None = None,
+) -> Document:
     """HTML: text between tags is translated, never inside script, style, code or pre; so are the values of the
     translatable attributes (ATTRIBUTES: alt, title, placeholder, ...) of the tags around translated text, unless
-    `attributes` is False, or the tag or its element is marked translate="no" or class="notranslate".
+    `attributes` is False, or the tag or its element is marked translate="no" or class="notranslate". With
+    `languages` (source, target) such a tag's lang="source" (or "source-REGION") says the target instead, as written
+    in the document (the translation is the target's, whatever it said).
 
     Tags, comments, doctypes and character references are kept verbatim. An unterminated tag or comment runs
     to the end of the input, as in a browser, and is kept untranslated. A sentence runs through the tags of
@@ -346,7 +356,8 @@ def split_html(markup: str, inline: bool = True, placeholders: bool = True, attr
     inside: Counter[str] = Counter()  # open code/pre elements
     kept = _kept_elements(markup)  # start tag -> the end of its element, kept as written
     # a tag's translatable attribute values: markers in its place (none where the input holds a marker's characters)
-    marked = _Attributes() if attributes and "\ue000" not in markup and "\ue001" not in markup else None
+    markers = attributes and "\ue000" not in markup and "\ue001" not in markup
+    marked = _Attributes(languages=languages) if markers else None
     at = marked.marked if marked is not None else str
     text_start, i = 0, markup.find("<")
     while i != -1:
@@ -648,10 +659,12 @@ class _Attributes:
     """The translatable attribute values of the tags split_html gives it, in order (Document.attributes)."""
 
     found: list[Attribute] = field(default_factory=list)
+    languages: tuple[str, str] | None = None  # (source, target): a lang attribute of the source's says the target's
 
     def marked(self, tag: str) -> str:
         """The whole start tag `tag` with a marker in place of each translatable attribute value that holds a
-        sentence; as it is for any other markup, or a tag marked translate="no" or class="notranslate"."""
+        sentence, and the target's language code in place of a lang attribute's source language; as it is for any
+        other markup, or a tag marked translate="no" or class="notranslate"."""
         name = _TAG_NAME.match(tag)
         if "=" not in tag or name is None or tag[1] == "/" or not tag.endswith(">") or _NO_TRANSLATE.search(tag):
             return tag
@@ -663,6 +676,13 @@ class _Attributes:
         parts, at = [], 0
         for attribute, m in found:
             group = next((g for g in (2, 3, 4) if m[g] is not None), None)
+            source, target = self.languages or ("", "")
+            if group is not None and attribute in _LANG and source and _is_language(m[group], source) and (
+                element not in _VERBATIM  # (its text stays as written, in its language)
+            ):
+                parts += [tag[at : m.start(group)], target]
+                at = m.end(group)
+                continue
             if group is None or not _translatable(element, attribute, values):
                 continue
             value = _Builder(markup=True)
@@ -673,6 +693,11 @@ class _Attributes:
             self.found.append(Attribute(value.build(), '"' if group == 2 else "'" if group == 3 else ""))
             at = m.end(group)
         return "".join([*parts, tag[at:]]) if parts else tag
+
+
+def _is_language(tag: str, language: str) -> bool:
+    """Whether a BCP 47 language tag ("en", "en-GB", "EN_us") is of this language."""
+    return re.split(r"[-_]", tag.strip(), maxsplit=1)[0].lower() == language.lower()
 
 
 def _translatable(element: str, attribute: str, values: Mapping[str, str]) -> bool:

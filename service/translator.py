@@ -122,7 +122,10 @@ class Translator:
         split = text.split_text
         if options.html:
             settings = self.settings
-            split = partial(text.split_html, placeholders=settings.mask_symbols, attributes=settings.html_attributes)
+            split = partial(
+                text.split_html, placeholders=settings.mask_symbols, attributes=settings.html_attributes,
+                languages=(self.source_language, target),
+            )  # fmt: skip
         documents = [split(text.clean(t)) for t in texts]
         attributes = sum(len(doc.attribute_texts) for doc in documents) if options.html else 0  # their values'
         # before any token is counted

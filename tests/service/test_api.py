@@ -175,9 +175,11 @@ def test_html_a_sentence_runs_through_its_inline_tags(client: TestClient, model_
 
 def test_html_attributes_people_read_are_translated(client: TestClient, model_dir: Path) -> None:
     """alt and title go to the model as sentences of their own, after the text, and come back escaped for their
-    quotes; a link's href stays as written; MT_HTML_ATTRIBUTES=false keeps them all."""
+    quotes; lang says the target; MT_HTML_ATTRIBUTES=false keeps them all."""
     q = '<p title="Delete %d items?">Open the file. <img src="a.png" alt=\'Cannot connect to the server.\'></p>'
     body = client.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
+    page = client.post("/translate", json={"q": '<html lang="en-US"><p>x</p>', "target": "fr", "format": "html"})
+    assert page.json()["translatedText"].startswith('<html lang="fr"><p>')  # the page's language is the target's
     title, alt = (solo(model_dir, s) for s in ("Delete %d items?", "Cannot connect to the server."))
     title = html.escape(title, quote=False).replace('"', "&quot;")
     alt = html.escape(alt, quote=False).replace("'", "&#39;")

@@ -252,6 +252,22 @@ def test_html_attributes_that_stay_as_written(markup: str) -> None:
     assert doc.join(doc.texts) == markup
 
 
+def test_html_lang_of_the_source_says_the_target() -> None:
+    """Where the request's languages are given, a translated tag's lang (or xml:lang) of the source language, any
+    region, says the target's; another language's, a kept element's or one whose text is kept (pre) stays."""
+    markup = (
+        '<html lang="en-GB"><p lang=en>Hello.</p><span lang="de">Zeitgeist</span><div translate=no lang=en>x</div>'
+        "<p xml:lang='EN_us'>Hi.</p><pre lang=en>x</pre></html>"
+    )
+    doc = split_html(markup, languages=("en", "fr"))
+    assert doc.join(doc.texts) == (
+        '<html lang="fr"><p lang=fr>Hello.</p><span lang="de">Zeitgeist</span><div translate=no lang=en>x</div>'
+        "<p xml:lang='fr'>Hi.</p><pre lang=en>x</pre></html>"
+    )
+    assert rebuilt(split_html(markup)) == markup  # no languages given
+    assert rebuilt(split_html(markup, attributes=False, languages=("en", "fr"))) == markup
+
+
 def test_html_attributes_are_kept_when_asked() -> None:
     doc = split_html('<p title="A tip.">Hello.</p>', attributes=False)
     assert doc.texts == ["Hello."] and doc.join(["Bonjour."]) == '<p title="A tip.">Bonjour.</p>'
