@@ -94,8 +94,8 @@ class TranslateRequest(BaseModel):
     format: Literal["text", "html"] = Field(
         "text",
         description="html: tags are kept, text between them translated; a sentence runs through inline elements' "
-        "tags, and code, samp and translate=\"no\" elements stay in it as written; alt, title, placeholder and "
-        "other attributes people read are translated too",
+        "tags, and code, samp, translate=\"no\" elements and those marked lang of another language stay in it as "
+        "written; alt, title, placeholder and other attributes people read are translated too",
     )
     alternatives: int = Field(0, ge=0, description="alternative translations besides the best; at most max beam - 1")
     api_key: str | None = Field(None, description="needed when the server has API keys (or a header has it)")

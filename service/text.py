@@ -96,6 +96,7 @@ _DESCRIPTIONS = frozenset(  # meta elements, by name or property, whose content 
 )
 _ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+)))?""")
 _LANG = frozenset(["lang", "xml:lang"])  # attributes that name the language of an element's text
+_LANG_VALUE = re.compile(r"""\s(?:xml:)?lang\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+))""", re.IGNORECASE)
 _VERBATIM = _UNTRANSLATED | KEPT_INLINE | frozenset(_RAW_TEXT_END)  # elements whose text is never translated
 _MARKER = re.compile("\ue000([0-9]+)\ue001")  # where an attribute's translated value goes (Document.attributes)
 _WORD = re.compile(r"\w+")
@@ -341,8 +342,8 @@ def split_html(
     """HTML: text between tags is translated, never inside script, style, code or pre; so are the values of the
     translatable attributes (ATTRIBUTES: alt, title, placeholder, ...) of the tags around translated text, unless
     `attributes` is False, or the tag or its element is marked translate="no" or class="notranslate". With
-    `languages` (source, target) such a tag's lang="source" (or "source-REGION") says the target instead, as written
-    in the document (the translation is the target's, whatever it said).
+    `languages` (source, target), an element marked lang of another language than the source is kept as written,
+    and (unless `attributes` is False) a translated tag's lang="source" (or "source-REGION") says the target.
 
     Tags, comments, doctypes and character references are kept verbatim. An unterminated tag or comment runs
     to the end of the input, as in a browser, and is kept untranslated. A sentence runs through the tags of
@@ -354,7 +355,8 @@ def split_html(
     builder = _Builder(markup=True)
     run = _Run(builder)  # text and inline tags since the last other tag
     inside: Counter[str] = Counter()  # open code/pre elements
-    kept = _kept_elements(markup)  # start tag -> the end of its element, kept as written
+    source = languages[0] if languages else None  # elements in another language are kept as written
+    kept = _kept_elements(markup, source)  # start tag -> the end of its element, kept as written
     # a tag's translatable attribute values: markers in its place (none where the input holds a marker's characters)
     markers = attributes and "\ue000" not in markup and "\ue001" not in markup
     marked = _Attributes(languages=languages) if markers else None
@@ -693,6 +695,14 @@ class _Attributes:
             self.found.append(Attribute(value.build(), '"' if group == 2 else "'" if group == 3 else ""))
             at = m.end(group)
         return "".join([*parts, tag[at:]]) if parts else tag
+
+
+def _foreign(tag: str, source: str) -> bool:
+    """Whether this start tag says its element's text is in a language other than `source` (lang="de" in an English
+    text): the model, trained on the source's, would garble it."""
+    named = _LANG_VALUE.search(tag)
+    language = next((value for value in named.groups() if value), "") if named else ""
+    return bool(language.strip()) and not _is_language(language, source)
 
 
 def _is_language(tag: str, language: str) -> bool:
@@ -1097,12 +1107,14 @@ def _with_tags(
     return "".join([*parts, put(translation[at:])])
 
 
-def _kept_elements(markup: str) -> dict[int, int]:
-    """Where each element kept as written (KEPT_INLINE, or marked translate="no" or class="notranslate") starts,
-    and where its end tag ends, nested elements of its name counted; one with no end tag is not in it. One pass
-    over the markup, and none when it names no such element."""
+def _kept_elements(markup: str, source: str | None = None) -> dict[int, int]:
+    """Where each element kept as written (KEPT_INLINE, or marked translate="no" or class="notranslate", or, given
+    the `source` language, marked lang="xx" of another language) starts, and where its end tag ends, nested elements
+    of its name counted; one with no end tag is not in it. One pass over the markup, and none when it names no such
+    element."""
     lowered = markup.lower()
-    if not any(name in lowered for name in ("<code", "<samp", "translate")):
+    names = ("<code", "<samp", "translate", "lang") if source else ("<code", "<samp", "translate")
+    if not any(name in lowered for name in names):
         return {}
     kept: dict[int, int] = {}
     open_: dict[str, list[tuple[int, bool]]] = {}  # name -> its open start tags: (where, kept)
@@ -1124,6 +1136,7 @@ def _kept_elements(markup: str) -> dict[int, int]:
                 end = close.start() if close else len(markup)
             elif tag.opens and tag.name not in _VOID:
                 keep = tag.name in KEPT_INLINE or _NO_TRANSLATE.search(markup, i, end) is not None
+                keep = keep or (source is not None and _foreign(markup[i:end], source))
                 open_.setdefault(tag.name, []).append((i, keep))
         i = markup.find("<", end)
     return kept

@@ -180,6 +180,10 @@ def test_html_attributes_people_read_are_translated(client: TestClient, model_di
     body = client.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
     page = client.post("/translate", json={"q": '<html lang="en-US"><p>x</p>', "target": "fr", "format": "html"})
     assert page.json()["translatedText"].startswith('<html lang="fr"><p>')  # the page's language is the target's
+    quoted = '<p>The word <i lang="de">Zeitgeist</i> is German.</p><blockquote lang=de>Guten Tag.</blockquote>'
+    kept = client.post("/translate", json={"q": quoted, "target": "fr", "format": "html"}).json()["translatedText"]
+    assert kept.count('<i lang="de">Zeitgeist</i>') == 1  # another language's text is kept as written
+    assert kept.endswith("<blockquote lang=de>Guten Tag.</blockquote>")
     title, alt = (solo(model_dir, s) for s in ("Delete %d items?", "Cannot connect to the server."))
     title = html.escape(title, quote=False).replace('"', "&quot;")
     alt = html.escape(alt, quote=False).replace("'", "&#39;")

@@ -268,6 +268,25 @@ def test_html_lang_of_the_source_says_the_target() -> None:
     assert rebuilt(split_html(markup, attributes=False, languages=("en", "fr"))) == markup
 
 
+def test_html_text_marked_in_another_language_is_kept_as_written() -> None:
+    """Given the source language, an element marked lang of another one is kept as written: inline, a placeholder
+    in its sentence; any other, whole, between sentences. lang="" (unknown) and the source's, any region, are
+    translated."""
+    markup = (
+        '<p>The words <i lang="fr">déjà vu</i> are French.</p><blockquote lang=de><p>Guten Tag.</p></blockquote>'
+        "<p lang='en-GB'>Hello.</p><p lang=\"\">Hi.</p>"
+    )
+    doc = split_html(markup, languages=("en", "fr"))
+    assert doc.texts == ["The words %1 are French.", "Hello.", "Hi."]
+    assert doc.tagged[0].atoms == {"%1": '<i lang="fr">déjà vu</i>'}
+    assert doc.join(["Les mots %1 sont français.", "Bonjour.", "Salut."]) == (
+        '<p>Les mots <i lang="fr">déjà vu</i> sont français.</p><blockquote lang=de><p>Guten Tag.</p></blockquote>'
+        "<p lang='fr'>Bonjour.</p><p lang=\"\">Salut.</p>"
+    )
+    unmarked = split_html(markup)  # no languages given: every text translated
+    assert unmarked.sentences == ["The words déjà vu are French.", "Guten Tag.", "Hello.", "Hi."]
+
+
 def test_html_attributes_are_kept_when_asked() -> None:
     doc = split_html('<p title="A tip.">Hello.</p>', attributes=False)
     assert doc.texts == ["Hello."] and doc.join(["Bonjour."]) == '<p title="A tip.">Bonjour.</p>'
@@ -665,12 +684,12 @@ KEPT_TAGS = ["<code>", "</code>", "<span translate=no>", "</span>", "<div class=
 TAGGED = st.lists(
     st.sampled_from(
         [*INLINE_TAGS, *KEPT_TAGS, "Open", " the", " file", ".", " Now", "Ab.", " ", "\n", "&amp;", "&am", "p;", "•"]
-        + ["5", "%1", "<b title='A tip.'>", "<img alt=\"A car\" src=x>"]
+        + ["5", "%1", "<b title='A tip.'>", "<img alt=\"A car\" src=x>", "<b lang=de>", "<p lang='en-GB'>"]
     ),
     max_size=40,
 ).map("".join)
 WRAPS = [("<b>", "</b>"), ("<i>", "</i>"), ("<a href='x'>", "</a>"), ("<code>", "</code>")]
-WRAPS += [("<span translate=no>", "</span>"), ("<a title='Go there.'>", "</a>")]
+WRAPS += [("<span translate=no>", "</span>"), ("<a title='Go there.'>", "</a>"), ("<i lang=de>", "</i>")]
 PHRASE = st.recursive(
     st.sampled_from(["Open", "the", "file", "now", "Ab", "x", "&amp;", "5", "%1", "•", "&am", "<img src=x>"]
                     + ["<img alt='A car' src=x>"]),
@@ -734,6 +753,15 @@ def test_split_html_identity(markup: str) -> None:
         for i, (original, sentence) in enumerate(zip(doc.originals, doc.sentences, strict=True))
     )
     assert all(t.pieces == split_html(doc.originals[i], inline=False) for i, t in doc.tagged.items())
+
+
+@given(st.one_of(TAGGED, STRUCTURED, MARKUP))
+@FAST
+def test_split_html_with_languages_loses_nothing(markup: str) -> None:
+    """Given the languages, elements in another one kept and lang="en..." saying "fr" (outside code and pre):
+    nothing else changes."""
+    doc = split_html(markup, languages=("en", "fr"))
+    assert rebuilt(doc).replace("lang='fr'", "lang='en-GB'") == markup
 
 
 @given(st.one_of(TAGGED, STRUCTURED), st.data())
