@@ -186,7 +186,7 @@ class Settings(BaseSettings):
         True,
         description="in HTML, translate the values of attributes people read (alt, title, placeholder, aria-label, "
         "a button's value, a meta description: service/text.py ATTRIBUTES) besides the text between tags, and a "
-        "lang attribute of the source language says the target's",
+        "lang attribute of the source language says the target's (and the page's dir its direction)",
     )
     max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413 above)")
     max_request_items: int = Field(128, ge=1, description="strings in one request's q list (413 above)")

@@ -97,6 +97,8 @@ _DESCRIPTIONS = frozenset(  # meta elements, by name or property, whose content 
 _ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+)))?""")
 _LANG = frozenset(["lang", "xml:lang"])  # attributes that name the language of an element's text
 _LANG_VALUE = re.compile(r"""\s(?:xml:)?lang\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+))""", re.IGNORECASE)
+# languages written right to left (their primary subtags): a page translated into one reads dir="rtl"
+_RIGHT_TO_LEFT = frozenset(["ar", "arc", "ckb", "dv", "fa", "he", "iw", "ps", "sd", "ug", "ur", "yi"])
 _VERBATIM = _UNTRANSLATED | KEPT_INLINE | frozenset(_RAW_TEXT_END)  # elements whose text is never translated
 _MARKER = re.compile("\ue000([0-9]+)\ue001")  # where an attribute's translated value goes (Document.attributes)
 _WORD = re.compile(r"\w+")
@@ -343,7 +345,8 @@ def split_html(
     translatable attributes (ATTRIBUTES: alt, title, placeholder, ...) of the tags around translated text, unless
     `attributes` is False, or the tag or its element is marked translate="no" or class="notranslate". With
     `languages` (source, target), an element marked lang of another language than the source is kept as written,
-    and (unless `attributes` is False) a translated tag's lang="source" (or "source-REGION") says the target.
+    and (unless `attributes` is False) a translated tag's lang="source" (or "source-REGION") says the target, and
+    the page's dir (on html or body) turns where the target's script runs the other way (_localised).
 
     Tags, comments, doctypes and character references are kept verbatim. An unterminated tag or comment runs
     to the end of the input, as in a browser, and is kept untranslated. A sentence runs through the tags of
@@ -678,11 +681,9 @@ class _Attributes:
         parts, at = [], 0
         for attribute, m in found:
             group = next((g for g in (2, 3, 4) if m[g] is not None), None)
-            source, target = self.languages or ("", "")
-            if group is not None and attribute in _LANG and source and _is_language(m[group], source) and (
-                element not in _VERBATIM  # (its text stays as written, in its language)
-            ):
-                parts += [tag[at : m.start(group)], target]
+            written = _localised(element, attribute, m[group], self.languages) if group is not None else None
+            if written is not None:
+                parts += [tag[at : m.start(group)], written]
                 at = m.end(group)
                 continue
             if group is None or not _translatable(element, attribute, values):
@@ -695,6 +696,25 @@ class _Attributes:
             self.found.append(Attribute(value.build(), '"' if group == 2 else "'" if group == 3 else ""))
             at = m.end(group)
         return "".join([*parts, tag[at:]]) if parts else tag
+
+
+def _localised(element: str, attribute: str, value: str, languages: tuple[str, str] | None) -> str | None:
+    """What a translated tag's lang or dir says once its text is in the target language: lang="en-US" -> "fr";
+    the page's direction (dir on html or body) where the two languages' scripts run opposite ways ("ltr" -> "rtl"
+    for Arabic); None where it stays as written."""
+    if languages is None or element in _VERBATIM:  # (its text stays as written, in its language)
+        return None
+    source, target = languages
+    if attribute in _LANG:
+        return target if _is_language(value, source) else None
+    if attribute == "dir" and element in ("html", "body") and _rtl(source) != _rtl(target):
+        direction = "rtl" if _rtl(target) else "ltr"
+        return direction if value.strip().lower() in ("ltr", "rtl") and value.strip().lower() != direction else None
+    return None
+
+
+def _rtl(language: str) -> bool:
+    return re.split(r"[-_]", language, maxsplit=1)[0].lower() in _RIGHT_TO_LEFT
 
 
 def _foreign(tag: str, source: str) -> bool:

@@ -268,6 +268,25 @@ def test_html_lang_of_the_source_says_the_target() -> None:
     assert rebuilt(split_html(markup, attributes=False, languages=("en", "fr"))) == markup
 
 
+@pytest.mark.parametrize(
+    ("languages", "expected"),
+    [
+        (("en", "ar"), '<html lang="ar" dir="rtl"><body dir=rtl><p dir="ltr" lang=ar>Hello.</p></body></html>'),
+        (("en", "fr"), '<html lang="fr" dir="ltr"><body dir=ltr><p dir="ltr" lang=fr>Hello.</p></body></html>'),
+        (("he", "en"), '<html lang="en" dir="ltr"><body dir=ltr><p dir="ltr" lang=en>Hello.</p></body></html>'),
+    ],
+)
+def test_html_the_pages_direction_follows_the_targets_script(languages: tuple[str, str], expected: str) -> None:
+    """dir on html or body turns where the target's script runs the other way; a paragraph's own dir (a phone
+    number, a quotation) stays."""
+    source = languages[0]
+    direction = "rtl" if source == "he" else "ltr"
+    markup = f'<html lang="{source}" dir="{direction}"><body dir={direction}><p dir="ltr" lang={source}>Hello.</p>'
+    markup += "</body></html>"
+    doc = split_html(markup, languages=languages)
+    assert rebuilt(doc) == expected
+
+
 def test_html_text_marked_in_another_language_is_kept_as_written() -> None:
     """Given the source language, an element marked lang of another one is kept as written: inline, a placeholder
     in its sentence; any other, whole, between sentences. lang="" (unknown) and the source's, any region, are
