@@ -99,6 +99,7 @@ _LANG = frozenset(["lang", "xml:lang"])  # attributes that name the language of 
 _LANG_VALUE = re.compile(r"""\s(?:xml:)?lang\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+))""", re.IGNORECASE)
 # languages written right to left (their primary subtags): a page translated into one reads dir="rtl"
 _RIGHT_TO_LEFT = frozenset(["ar", "arc", "ckb", "dv", "fa", "he", "iw", "ps", "sd", "ug", "ur", "yi"])
+_PAGE = frozenset(["html", "head", "body"])  # elements whose lang and dir are the whole page's
 _VERBATIM = _UNTRANSLATED | KEPT_INLINE | frozenset(_RAW_TEXT_END)  # elements whose text is never translated
 _MARKER = re.compile("\ue000([0-9]+)\ue001")  # where an attribute's translated value goes (Document.attributes)
 _WORD = re.compile(r"\w+")
@@ -707,7 +708,7 @@ def _localised(element: str, attribute: str, value: str, languages: tuple[str, s
     source, target = languages
     if attribute in _LANG:
         return target if _is_language(value, source) else None
-    if attribute == "dir" and element in ("html", "body") and _rtl(source) != _rtl(target):
+    if attribute == "dir" and element in _PAGE and _rtl(source) != _rtl(target):
         direction = "rtl" if _rtl(target) else "ltr"
         return direction if value.strip().lower() in ("ltr", "rtl") and value.strip().lower() != direction else None
     return None
@@ -1156,7 +1157,9 @@ def _kept_elements(markup: str, source: str | None = None) -> dict[int, int]:
                 end = close.start() if close else len(markup)
             elif tag.opens and tag.name not in _VOID:
                 keep = tag.name in KEPT_INLINE or _NO_TRANSLATE.search(markup, i, end) is not None
-                keep = keep or (source is not None and _foreign(markup[i:end], source))
+                # (a page's own lang, on html or body, is the request's to say: templates often leave "en")
+                foreign = source is not None and tag.name not in _PAGE and _foreign(markup[i:end], source)
+                keep = keep or foreign
                 open_.setdefault(tag.name, []).append((i, keep))
         i = markup.find("<", end)
     return kept

@@ -302,6 +302,8 @@ def test_html_text_marked_in_another_language_is_kept_as_written() -> None:
         '<p>Les mots <i lang="fr">déjà vu</i> sont français.</p><blockquote lang=de><p>Guten Tag.</p></blockquote>'
         "<p lang='fr'>Bonjour.</p><p lang=\"\">Salut.</p>"
     )
+    page = split_html(f'<html lang="de"><body lang=de>{markup}</body></html>', languages=("en", "fr"))
+    assert page.texts == doc.texts  # a page's own lang is the request's to say (templates often leave one)
     unmarked = split_html(markup)  # no languages given: every text translated
     assert unmarked.sentences == ["The words déjà vu are French.", "Guten Tag.", "Hello.", "Hi."]
 
