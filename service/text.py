@@ -665,7 +665,7 @@ class _Attributes:
     """The translatable attribute values of the tags split_html gives it, in order (Document.attributes)."""
 
     found: list[Attribute] = field(default_factory=list)
-    languages: tuple[str, str] | None = None  # (source, target): a lang attribute of the source's says the target's
+    languages: tuple[str, str] | None = None  # (source, target): lang and the page's dir follow the target (_localised)
 
     def marked(self, tag: str) -> str:
         """The whole start tag `tag` with a marker in place of each translatable attribute value that holds a
@@ -708,14 +708,10 @@ def _localised(element: str, attribute: str, value: str, languages: tuple[str, s
     source, target = languages
     if attribute in _LANG:
         return target if _is_language(value, source) else None
-    if attribute == "dir" and element in _PAGE and _rtl(source) != _rtl(target):
-        direction = "rtl" if _rtl(target) else "ltr"
-        return direction if value.strip().lower() in ("ltr", "rtl") and value.strip().lower() != direction else None
+    rtl = _primary(target) in _RIGHT_TO_LEFT
+    if attribute == "dir" and element in _PAGE and (_primary(source) in _RIGHT_TO_LEFT) != rtl:
+        return ("rtl" if rtl else "ltr") if value.strip().lower() == ("ltr" if rtl else "rtl") else None
     return None
-
-
-def _rtl(language: str) -> bool:
-    return re.split(r"[-_]", language, maxsplit=1)[0].lower() in _RIGHT_TO_LEFT
 
 
 def _foreign(tag: str, source: str) -> bool:
@@ -728,7 +724,12 @@ def _foreign(tag: str, source: str) -> bool:
 
 def _is_language(tag: str, language: str) -> bool:
     """Whether a BCP 47 language tag ("en", "en-GB", "EN_us") is of this language."""
-    return re.split(r"[-_]", tag.strip(), maxsplit=1)[0].lower() == language.lower()
+    return _primary(tag) == _primary(language)
+
+
+def _primary(tag: str) -> str:
+    """A language tag's primary language subtag, in lower case: "en" for "EN-us"."""
+    return re.split(r"[-_]", tag.strip(), maxsplit=1)[0].lower()
 
 
 def _translatable(element: str, attribute: str, values: Mapping[str, str]) -> bool:
