@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
-from functools import partial
+from functools import cached_property, partial
 from operator import attrgetter
 from os.path import commonprefix
 from typing import NamedTuple
@@ -96,7 +96,6 @@ _DESCRIPTIONS = frozenset(  # meta elements, by name or property, whose content 
 )
 _ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+)))?""")
 _LANG = frozenset(["lang", "xml:lang"])  # attributes that name the language of an element's text
-_LANG_VALUE = re.compile(r"""\s(?:xml:)?lang\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+))""", re.IGNORECASE)
 # languages written right to left (their primary subtags): a page translated into one reads dir="rtl"
 _RIGHT_TO_LEFT = frozenset(["ar", "arc", "ckb", "dv", "fa", "he", "iw", "ps", "sd", "ug", "ur", "yi"])
 _PAGE = frozenset(["html", "head", "body"])  # elements whose lang and dir are the whole page's
@@ -211,14 +210,14 @@ class Document:
     tagged: dict[int, Tagged] = field(default_factory=dict)  # sentence index -> its inline elements
     attributes: tuple[Attribute, ...] = ()
 
-    @property
+    @cached_property  # (a frozen document's: join and the translator's offsets read it several times)
     def texts(self) -> list[str]:
         if not self.tagged and not self.attributes:
             return self.sentences
         eager = [s for i in sorted(self.tagged) if self.tagged[i].eager for s in self.tagged[i].pieces.sentences]
         return self.sentences + eager + self.attribute_texts
 
-    @property
+    @cached_property
     def attribute_texts(self) -> list[str]:
         return [s for attribute in self.attributes for s in attribute.value.sentences]
 
@@ -257,7 +256,7 @@ class Document:
     def _join_plain(self, translations: Sequence[str]) -> str:
         parts = [self.separators[0]]
         for i, translation in enumerate(translations):
-            parts += [self.originals[i] if translation == self.sentences[i] else self._put(translation)]
+            parts.append(self.originals[i] if translation == self.sentences[i] else self._put(translation))
             parts.append(self.separators[i + 1])
         return "".join(parts)
 
@@ -316,7 +315,6 @@ class Document:
                 "a sentence of %d characters cut into %d pieces of <= %d tokens", len(sentence), len(spans), limit
             )
         return source, spans
-
 
 
 def split(text: str, fmt: str) -> Document:
@@ -556,11 +554,10 @@ class _Builder:
     origins: list[int] = field(default_factory=list)
     separators: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # verbatim input since the last sentence
+    tagged: dict[int, Tagged] = field(default_factory=dict)  # sentence index -> its inline elements
 
     def keep(self, raw: str) -> None:
         self.pending.append(raw)
-
-    tagged: dict[int, Tagged] = field(default_factory=dict)
 
     def add(self, sentence: str, original: str, origin: int | None = None, tagged: Tagged | None = None) -> None:
         """A sentence, from sentence `origin` of the split (None: it is one of the split)."""
@@ -675,13 +672,12 @@ class _Attributes:
         if "=" not in tag or name is None or tag[1] == "/" or not tag.endswith(">") or _NO_TRANSLATE.search(tag):
             return tag
         element = name.group(1).lower()
-        found = [(m[1].lower(), m) for m in _ATTRIBUTE.finditer(tag, name.end(), len(tag) - 1)]
+        found = _attributes_of(tag, name.end())
         values: dict[str, str] = {}  # the first of each name, as a browser reads them
-        for attribute, m in found:
-            values.setdefault(attribute, m[2] or m[3] or m[4] or "")
+        for attribute, group, m in found:
+            values.setdefault(attribute, m[group] if group else "")
         parts, at = [], 0
-        for attribute, m in found:
-            group = next((g for g in (2, 3, 4) if m[g] is not None), None)
+        for attribute, group, m in found:
             written = _localised(element, attribute, m[group], self.languages) if group is not None else None
             if written is not None:
                 parts += [tag[at : m.start(group)], written]
@@ -697,6 +693,16 @@ class _Attributes:
             self.found.append(Attribute(value.build(), '"' if group == 2 else "'" if group == 3 else ""))
             at = m.end(group)
         return "".join([*parts, tag[at:]]) if parts else tag
+
+
+def _attributes_of(tag: str, after: int) -> list[tuple[str, int | None, re.Match[str]]]:
+    """The attributes of the whole start tag `tag` from `after` (past its name): each one's name in lower case, the
+    group of the match that holds its value (2: double-quoted, 3: single-quoted, 4: unquoted; None: no value), and
+    the match."""
+    return [
+        (m[1].lower(), next((g for g in (2, 3, 4) if m[g] is not None), None), m)
+        for m in _ATTRIBUTE.finditer(tag, after, len(tag) - 1)
+    ]
 
 
 def _localised(element: str, attribute: str, value: str, languages: tuple[str, str] | None) -> str | None:
@@ -717,8 +723,11 @@ def _localised(element: str, attribute: str, value: str, languages: tuple[str, s
 def _foreign(tag: str, source: str) -> bool:
     """Whether this start tag says its element's text is in a language other than `source` (lang="de" in an English
     text): the model, trained on the source's, would garble it."""
-    named = _LANG_VALUE.search(tag)
-    language = next((value for value in named.groups() if value), "") if named else ""
+    name = _TAG_NAME.match(tag)
+    if name is None or "lang" not in tag.lower():
+        return False
+    found = _attributes_of(tag, name.end())
+    language = next((m[group] for attribute, group, m in found if attribute in _LANG and group and m[group]), "")
     return bool(language.strip()) and not _is_language(language, source)
 
 
@@ -1118,6 +1127,7 @@ def _with_tags(
         [(a, 1, depth[k], element.opening) for k, (element, (a, _)) in enumerate(zip(elements, spans, strict=True))]
         + [(b, 0, -depth[k], element.closing) for k, (element, (_, b)) in enumerate(zip(elements, spans, strict=True))]
     )
+
     def put(text: str) -> str:
         escaped = html.escape(text, quote=False)
         return _NUMBERED.sub(lambda m: atoms.get(m.group(), m.group()), escaped) if atoms else escaped

@@ -127,20 +127,25 @@ class Translator:
                 languages=(self.source_language, target),
             )  # fmt: skip
         documents = [split(text.clean(t)) for t in texts]
-        attributes = sum(len(doc.attribute_texts) for doc in documents) if options.html else 0  # their values'
+        attributes = sum(len(doc.attribute_texts) for doc in documents)  # HTML attribute values' sentences
         # before any token is counted
         self._check_sentences(sum(len(doc.sentences) for doc in documents) + attributes, attributes=attributes)
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.texts]
+        attributes = sum(len(doc.attribute_texts) for doc in documents)  # (cut too)
         lazy = pieces = 0  # inline tags' pieces (text.Tagged): lazy ones in a second pass, if at all
         if options.html:
             lazy = sum(len(t.pieces.sentences) for doc in documents for t in doc.tagged.values() if not t.eager)
-            attributes = sum(len(doc.attribute_texts) for doc in documents)  # (cut too)
             pieces = len(sentences) + lazy - attributes - sum(len(doc.sentences) for doc in documents)
         self._check_sentences(len(sentences) + lazy, cut=True, pieces=pieces, attributes=attributes)
-        masks = [self.masked(s) for s in sentences]
+        return self._jobs([self.masked(s) for s in sentences], target, options, documents)
+
+    def _jobs(
+        self, masks: list[Masked], target: str, options: TranslateOptions, documents: list[text.Document] | None = None
+    ) -> Prepared:
+        """The sentences as the model reads them (`masks`), tokenised, each with its search options."""
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
-        return Prepared(documents, jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
+        return Prepared(documents or [], jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
 
     def masked(self, sentence: str) -> Masked:
         """The sentence as the model reads it (`text.model_input`): with MT_MASK_SYMBOLS, what it cannot read as
@@ -307,9 +312,8 @@ class Translator:
     def _unmasked(self, prepared: Prepared, indices: list[int], target: str, options: TranslateOptions) -> Prepared:
         """The sentences at `indices` as the model reads them without placeholders."""
         masks = [Masked(text.model_input(prepared.masks[i].sentence)) for i in indices]  # as MT_MASK_SYMBOLS off
-        jobs = [self.tokenizer.encode(m.text, target) for m in masks]
-        log.debug("%d sentence(s) translated again without placeholders (the model did not keep them)", len(jobs))
-        return Prepared([], jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
+        log.debug("%d sentence(s) translated again without placeholders (the model did not keep them)", len(masks))
+        return self._jobs(masks, target, options)
 
     def _decoded(self, prepared: Prepared, hypotheses: list[list[Hypothesis]]) -> list[list[str]]:
         """Each job's hypotheses as text, placeholders given back."""
@@ -332,9 +336,7 @@ class Translator:
             for i in doc.unplaced(best):
                 places.append((d, i, len(sentences)))
                 sentences += doc.tagged[i].pieces.sentences
-        masks = [self.masked(s) for s in sentences]
-        jobs = [self.tokenizer.encode(m.text, target) for m in masks]
-        return Prepared([], jobs, [self.search_options(len(ids), options) for ids in jobs], masks), places
+        return self._jobs([self.masked(s) for s in sentences], target, options), places
 
     def _assemble(
         self,
