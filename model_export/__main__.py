@@ -160,6 +160,41 @@ def cmd_half(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_letters(args: argparse.Namespace) -> int:
+    from model_export.letters import add_rare_letters
+
+    letters = add_rare_letters(args.model_dir, args.sources, args.fewer_than, args.share)
+    listed = f"{len(letters)} rare letters: {letters}" if letters else "no rare letters"
+    bound = f"fewer than {args.fewer_than:,} times and less often than {args.share:g} of the characters"
+    print(f"{args.model_dir}: {listed} (held {bound} in {args.sources})")
+    return 0
+
+
+def _add_letters(sub: argparse._SubParsersAction) -> None:
+    from model_export.corpus.tokenizer import RARE_FEWER_THAN, RARE_SHARE
+
+    letters = sub.add_parser(
+        "letters", help="list in a model folder the letters its training sources held too seldom for it to read"
+    )
+    letters.add_argument("--model-dir", type=Path, required=True)
+    letters.add_argument(
+        "--sources", type=Path, required=True, help="the model's training sources, a sentence a line (train.en)"
+    )
+    letters.add_argument(
+        "--fewer-than",
+        type=non_negative_int,
+        default=RARE_FEWER_THAN,
+        help=f"a letter held fewer times is rare (default {RARE_FEWER_THAN:,}; 0: none, which clears the list)",
+    )
+    letters.add_argument(
+        "--share",
+        type=fraction,
+        default=RARE_SHARE,
+        help=f"... and held less often than this share of the characters (default {RARE_SHARE:g})",
+    )
+    letters.set_defaults(run=cmd_letters)
+
+
 def _add_evaluate_and_quantize(sub: argparse._SubParsersAction) -> None:
     max_beam = server_limit("max_beam_size")
     evaluate = sub.add_parser("evaluate", help="BLEU, chrF and placeholder accuracy of a model folder on a split")
@@ -312,6 +347,7 @@ def parser() -> argparse.ArgumentParser:
     from_folder.set_defaults(run=cmd_from_folder)
     _add_train(sub)
     _add_evaluate_and_quantize(sub)
+    _add_letters(sub)
     _add_marian(sub)
     _add_card(sub)
     _add_ctranslate2(sub)

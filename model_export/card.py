@@ -152,6 +152,9 @@ LIMITATIONS = [
     "- Placeholders come out exactly as in the source in about 97% of sentences; the misses are mostly named",
     "  ones whose name is an English word, which the model sometimes translates (`%(folder)s` ->",
     "  `%(dossier)s`). Check placeholders before shipping a translation.",
+    "- The English sources hold almost no letter beyond ASCII (none over 87 times): the server gives a word",
+    "  with one (`Søren`, `Dvořák`, `naïve`) to the model as a placeholder, so it comes back as written, never",
+    "  translated (the manifest's `rare_letters`; read by the model, such names came back mangled).",
     "",
 ]
 

@@ -29,6 +29,7 @@ class TokenizerFiles:
     vocabulary: str | None = None  # a JSON piece -> id map; None: ids are the SentencePiece ids
     append_eos: bool = True  # the source ends with </s>
     target_tokens: dict[str, str] = field(default_factory=dict)  # language -> a token prefixed to the source
+    rare_letters: str = ""  # letters the training sources held too seldom for the model to read (corpus.tokenizer)
 
 
 @dataclass

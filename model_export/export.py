@@ -78,6 +78,7 @@ def build_manifest(checkpoint: Checkpoint, folder: Path, name: str, version: str
             "vocabulary": tok.vocabulary,
             "append_eos": tok.append_eos,
             "target_tokens": tok.target_tokens,
+            "rare_letters": tok.rare_letters,
         },
         "opset": graph_io.OPSET,
         "variants": variants,
@@ -92,7 +93,10 @@ def build_manifest(checkpoint: Checkpoint, folder: Path, name: str, version: str
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    """Written beside and renamed into place: a failure midway leaves the manifest as it was."""
+    staged = folder / f".{MANIFEST}.tmp"
+    staged.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    staged.replace(folder / MANIFEST)
 
 
 def fp32_copy(folder_path: Path, precision: str, verb: str) -> tuple[ModelFolder, dict, dict]:

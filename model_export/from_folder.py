@@ -239,6 +239,7 @@ def tokenizer_files(folder: Path, tokenizer: dict[str, Any]) -> TokenizerFiles:
         vocabulary=tokenizer.get("vocabulary"),
         append_eos=tokenizer.get("append_eos", True),
         target_tokens=dict(tokenizer.get("target_tokens", {})),
+        rare_letters=tokenizer.get("rare_letters", ""),
     )
 
 

@@ -7,6 +7,7 @@ Knows the corpus layout (train/dev .en/.fr files) and the tokenizer model; write
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -24,6 +25,7 @@ from model_export import checkpoint as ckpt
 from model_export import reference
 from model_export.config import TransformerConfig
 from model_export.corpus import read_lines as corpus_lines
+from model_export.corpus.tokenizer import RARE_FEWER_THAN, RARE_SHARE, rare_letters
 from model_export.errors import ExportError
 from model_export.model import Transformer
 
@@ -224,8 +226,17 @@ def model_config(sp: spm.SentencePieceProcessor, opts: TrainOptions) -> Transfor
     )
 
 
+@functools.cache
+def training_rare_letters(corpus: Path, language: str, tokenizer: Path) -> str:
+    """`rare_letters` of the training sources, counted once a run."""
+    sources = read_lines(corpus / f"train.{language}")
+    return rare_letters(sources, spm.SentencePieceProcessor(model_file=str(tokenizer)), RARE_FEWER_THAN, RARE_SHARE)
+
+
 def save_checkpoint(path: Path, model: Transformer, optimizer, progress: Progress, opts: TrainOptions) -> None:  # noqa: ANN001
-    tokenizer = ckpt.TokenizerFiles({"spm.model": opts.tokenizer.read_bytes()}, "spm.model", "spm.model")
+    rare = training_rare_letters(opts.corpus, opts.source_language, opts.tokenizer)
+    files = {"spm.model": opts.tokenizer.read_bytes()}
+    tokenizer = ckpt.TokenizerFiles(files, "spm.model", "spm.model", rare_letters=rare)
     provenance = {
         "name": f"{opts.source_language}-{opts.target_language}",
         "trained_on": str(opts.corpus),

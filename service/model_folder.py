@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from service.errors import ModelFolderError
 
@@ -26,10 +26,11 @@ FORMAT = "transformer-mt-model"
 # optional); 6: a third step graph, for steps of one row, whose products read 8-bit weights in blocks
 # (`decoder_step_single`, optional, int8 variants); 7: GroupQueryAttention's lengths given (`seqlens_k`,
 # `total_sequence_length`); 8: the step graphs' `log_softmax` input says whether to normalise the distribution
-# (the fp16 variant's step graph, for GPUs, always does and has no such input). model_export writes FORMAT_VERSION
-# (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on (service/runtime.py: step_candidates,
-# OnnxRuntime).
-FORMAT_VERSION = 8
+# (the fp16 variant's step graph, for GPUs, always does and has no such input); 9: the tokenizer may name the
+# letters the model's training sources held too seldom for it to read (`rare_letters`, optional). model_export writes
+# FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on (service/runtime.py:
+# step_candidates, OnnxRuntime).
+FORMAT_VERSION = 9
 OLDEST_FORMAT_VERSION = 3
 # a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5)
 # and one-row (format 6) step graphs
@@ -98,6 +99,17 @@ class TokenizerSpec(_Strict):
     vocabulary: str | None = None
     append_eos: bool = True
     target_tokens: dict[str, str] = {}
+    # format 9: letters the model's training sources held too seldom for it to read or copy (model_export letters);
+    # the server gives a word that holds one to the model as a placeholder, as it does a letter its vocabulary lacks
+    rare_letters: str = ""
+
+    @field_validator("rare_letters")
+    @classmethod
+    def _letters(cls, value: str) -> str:
+        odd = sorted({c for c in value if not c.isalpha()})
+        if odd:
+            raise ValueError(f"rare_letters holds characters that are not letters: {''.join(odd)!r}")
+        return value
 
 
 class Architecture(BaseModel):

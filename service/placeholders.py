@@ -1,5 +1,6 @@
 """What the model cannot read, kept out of its way: inside a sentence, each run of symbols (emoji, €, °, ™,
-arrows) and each word with a letter outside the model's vocabulary (Greek, Cyrillic or CJK in a Latin sentence) is
+arrows) and each word with a letter outside the model's vocabulary (Greek, Cyrillic or CJK in a Latin sentence), or
+one its training sources hardly held (the manifest's `rare_letters`: "Søren", "Dvořák" for the default model) is
 given to the model as a placeholder, %1, %2, ..., which it copies (its training data is full of them: gettext's
 and Qt's), and put back into its translation. Read as they are, such characters derailed the default model's whole
 sentence: "Price: 5 € per month." came back as "Prix : 5 juille par mois.", with the mask as "Prix : 5 € par mois.".

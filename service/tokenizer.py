@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ class Tokenizer:
     target_token_ids: dict[str, int] = field(default_factory=dict)  # language -> id prefixed to the source
     vocabulary: dict[str, int] | None = None  # piece -> model id; None: the SentencePiece ids are the model's
     pieces: dict[int, str] = field(default_factory=dict)  # model id -> piece, the vocabulary inverted
+    rare_letters: frozenset[str] = frozenset()  # letters the model reads too poorly to be given (manifest, format 9)
     _readable: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)  # readable's answers
 
     @classmethod
@@ -53,7 +55,8 @@ class Tokenizer:
         logger.debug(
             "%s: tokenizer %s -> %s, vocabulary %s", folder.path, spec.source_model, spec.target_model, spec.vocabulary
         )
-        return cls(source, target, folder.manifest.special_ids, spec.append_eos, token_ids, vocabulary, pieces)
+        rare = frozenset(spec.rare_letters)
+        return cls(source, target, folder.manifest.special_ids, spec.append_eos, token_ids, vocabulary, pieces, rare)
 
     def encode(self, text: str, target_language: str | None = None) -> list[int]:
         """Source ids: [the target language's token, if the model has one] + the text's pieces + [eos]."""
@@ -76,14 +79,17 @@ class Tokenizer:
         return self._decode_pieces([self.pieces.get(i, unknown) for i in kept]).strip()
 
     def readable(self, char: str) -> bool:
-        """Whether the model's source vocabulary has this character: SentencePiece encodes it without its unknown
-        piece or byte pieces (byte fallback), and a Marian vocabulary has each piece."""
+        """Whether the model can read this character: its source vocabulary has it (SentencePiece encodes it without
+        its unknown piece or byte pieces, byte fallback, and a Marian vocabulary has each piece), and it is none of
+        the manifest's `rare_letters`, nor one they become in SentencePiece's NFKC (µ, the micro sign, is μ there)."""
         known = self._readable.get(char)
         if known is None:
             ids = self.source.encode(char)
             known = not any(self.source.is_byte(i) or self.source.is_unknown(i) for i in ids)
             if known and self.vocabulary is not None:
                 known = all(piece in self.vocabulary for piece in self.source.encode(char, out_type=str))
+            if known and self.rare_letters:
+                known = not any(c in self.rare_letters for c in {char, *unicodedata.normalize("NFKC", char)})
             self._readable[char] = known
         return known
 

@@ -6,6 +6,7 @@ shipped default model rebuilds too."""
 import json
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ DEFAULT = Path(__file__).resolve().parents[2] / "models" / "en-fr"
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def exported(request: pytest.FixtureRequest, spm_model: bytes, tmp_path_factory: pytest.TempPathFactory):
     original = tiny_checkpoint(spm_model, **CONFIGS[request.param])
+    original.tokenizer = replace(original.tokenizer, rare_letters="èé")  # written by export, read back
     folder = export_folder(original, tmp_path_factory.mktemp("from-folder") / "m", "tiny", "0.0.3")
     return original, folder, checkpoint_from_folder(folder)
 
@@ -51,7 +53,8 @@ def test_every_weight_comes_back(exported) -> None:
 
 def test_tokenizer_languages_and_provenance(exported) -> None:
     original, folder, rebuilt = exported
-    assert rebuilt.tokenizer == original.tokenizer
+    assert rebuilt.tokenizer == original.tokenizer and rebuilt.tokenizer.rare_letters == "èé"
+    assert load_model_folder(folder).manifest.tokenizer.rare_letters == "èé"
     assert (rebuilt.source_language, rebuilt.target_languages) == (original.source_language, original.target_languages)
     assert rebuilt.provenance["origin"] == original.provenance["origin"]  # the manifest's own provenance kept
     rebuilt_from = rebuilt.provenance["rebuilt_from"]

@@ -86,6 +86,15 @@ def test_a_manifest_without_a_target_language_is_refused(folder: Path) -> None:
         load_model_folder(folder)
 
 
+def test_rare_letters_must_be_letters(folder: Path) -> None:
+    """format 9's `tokenizer.rare_letters`: a digit or a mark there would mask what the model reads well."""
+    edit_manifest(folder, lambda m: m["tokenizer"].update(rare_letters="éø1 -"))
+    with pytest.raises(ModelFolderError, match="rare_letters holds characters that are not letters: ' -1'"):
+        load_model_folder(folder)
+    edit_manifest(folder, lambda m: m["tokenizer"].update(rare_letters="éø"))
+    assert load_model_folder(folder).manifest.tokenizer.rare_letters == "éø"
+
+
 def test_newer_format_version(folder: Path) -> None:
     edit_manifest(folder, lambda m: m.update(format_version=FORMAT_VERSION + 1))
     newer = f"format_version {FORMAT_VERSION + 1} is newer than {FORMAT_VERSION}.*run a server as new"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 
 from service import text
 from service.metrics import Metrics
-from service.model_folder import load_model_folder
+from service.model_folder import MANIFEST, load_model_folder
 from service.placeholders import Masked, Run, mask, protected
 from service.settings import Settings
 from service.tokenizer import Tokenizer
@@ -101,6 +103,21 @@ def test_the_model_reads_placeholders(model_dir: Path, on: bool) -> None:
     read = "Open %1 the file." if on else "Open 😀 the file."
     assert prepared.jobs == [serving.tokenizer.encode(read, "fr")]
     assert [m.runs for m in prepared.masks] == ([(Run("%1", "😀"),)] if on else [()])
+    serving.scheduler.stop()
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_word_with_a_rare_letter_is_a_placeholder(model_dir: Path, tmp_path: Path, on: bool) -> None:
+    """The manifest's `rare_letters` (format 9): a word that holds one goes to the model as a placeholder, whole,
+    as one with a letter its vocabulary lacks; MT_MASK_SYMBOLS off, as it is."""
+    folder = Path(shutil.copytree(model_dir, tmp_path / model_dir.name))
+    manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    manifest["tokenizer"]["rare_letters"] = "è"
+    (folder / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    serving = translator(folder, on)
+    prepared = serving.prepare(["Send the file to Lefèvre-Brière today."], "fr", TranslateOptions())
+    read = "Send the file to %1-%2 today." if on else "Send the file to Lefèvre-Brière today."
+    assert prepared.jobs == [serving.tokenizer.encode(read, "fr")]
     serving.scheduler.stop()
 
 

@@ -196,6 +196,15 @@ def test_separate_target_model_decodes(folder: Path, spm_model: bytes) -> None:
 # A bad tokenizer file names itself
 
 
+def test_the_manifests_rare_letters_are_not_read(folder: Path, plain: Tokenizer) -> None:
+    """format 9: a letter of `tokenizer.rare_letters`, and a character SentencePiece reads as one (NFKC: the roman
+    numeral ⅰ is i), is one the model cannot read, though its vocabulary has it; the others it reads as before."""
+    assert plain.readable("é") and plain.readable("i") and plain.readable("ⅰ")
+    rare = Tokenizer.from_folder(rewrite(folder, {"rare_letters": "éi"}, {}))
+    assert not rare.readable("é") and not rare.readable("i") and not rare.readable("ⅰ")
+    assert rare.readable("è") and rare.readable("a") and rare.encode("été") == plain.encode("été")
+
+
 def test_corrupt_sentencepiece_model(folder: Path) -> None:
     bad = rewrite(folder, {}, {"spm.model": b"\x08\x01 not a model"})
     with pytest.raises(ModelFolderError, match=r"spm.model: not a readable SentencePiece model .*re-export"):
