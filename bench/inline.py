@@ -37,6 +37,7 @@ from bench.machine import describe, headline
 from service import text
 from service.arguments import description_of, positive_int
 from service.metrics import Metrics
+from service.placeholders import Glossary
 from service.settings import Settings
 from service.translator import TranslateOptions, Translator, load_translators
 
@@ -100,10 +101,11 @@ def pieces_only() -> Iterator[None]:
 
 
 def translate(
-    translator: Translator, texts: list[str], fmt: str, per_request: int, clients: int
+    translator: Translator, texts: list[str], fmt: str, per_request: int, clients: int, glossary: Glossary | None = None
 ) -> tuple[list[str], float, int]:
-    """(answers, seconds, source tokens read): the texts in requests of `per_request`, `clients` at a time."""
-    options = TranslateOptions(html=fmt == "html")
+    """(answers, seconds, source tokens read): the texts in requests of `per_request`, `clients` at a time, each
+    with `glossary`."""
+    options = TranslateOptions(html=fmt == "html", glossary=glossary)
 
     async def run() -> list[tuple[list[str], int]]:
         chunks = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]

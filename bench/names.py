@@ -5,12 +5,13 @@ gives against letting the model read it, on the test set.
 The sentences are those of the test and dev sets with a capitalised word, not the first, that the reference
 translation holds as written and each holds once (a name the translator copied: "Start Konsole in fullscreen
 mode"); that word becomes, in both, a name from NAMES (drawn with a fixed seed). They are translated through the
-server's own text path (`Translator`, its scheduler in this process), `--clients` sentences at a time, three ways:
-the folder's rare letters masked (the server's way), read by the model (the list emptied: before), and the
-sentences as they were (their ASCII names: the ceiling). Prints, for each, how many answers hold their name exactly
-as written, BLEU and chrF against the references (the name put in them too) and the wall time.
+server's own text path (`Translator`, its scheduler in this process), `--clients` sentences at a time, four ways:
+the folder's rare letters masked (the server's way), read by the model (the list emptied: before), the sentences
+as they were (their ASCII names), and those with a request glossary that keeps each of their names as written
+(`glossary`, {"Konsole": "Konsole", ...}). Prints, for each, how many answers hold their name exactly as written,
+BLEU and chrF against the references (the name put in them too) and the wall time.
 
-    python -m bench.names                          # the default model (~20 s)
+    python -m bench.names                          # the default model (~10 s)
     python -m bench.names --model models/my-model  # a folder of yours, after `model_export letters`
 """
 
@@ -31,6 +32,7 @@ from bench.inline import translate
 from bench.machine import describe, headline
 from service.arguments import description_of, positive_int
 from service.metrics import Metrics
+from service.placeholders import Glossary
 from service.settings import Settings
 from service.translator import Translator, load_translators
 
@@ -101,15 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     translator.scheduler.start()
     try:
         translate(translator, [s for s, _, _ in named[:32]], "text", 1, args.clients)  # warm
+        kept = Glossary.of({word: word for _, _, word in pairs})
         ways = [
-            ("rare letters masked (the server's way)", named, nullcontext()),
-            ("rare letters read by the model (before)", named, letters_read(translator)),
-            ("the names as they were (ASCII)", pairs, nullcontext()),
+            ("rare letters masked (the server's way)", named, nullcontext(), None),
+            ("rare letters read by the model (before)", named, letters_read(translator), None),
+            ("the names as they were (ASCII)", pairs, nullcontext(), None),
+            ("the ASCII names, a glossary keeping them", pairs, nullcontext(), kept),
         ]
         rows = []
-        for way, chosen, context in ways:
+        for way, chosen, context, glossary in ways:
             with context:
-                answers, seconds, _ = translate(translator, [s for s, _, _ in chosen], "text", 1, args.clients)
+                texts = [s for s, _, _ in chosen]
+                answers, seconds, _ = translate(translator, texts, "text", 1, args.clients, glossary)
             intact = sum(answer.count(name) == 1 for answer, (_, _, name) in zip(answers, chosen, strict=True))
             refs = [[r for _, r, _ in chosen]]
             bleu, chrf = sacrebleu.corpus_bleu(answers, refs).score, sacrebleu.corpus_chrf(answers, refs).score

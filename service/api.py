@@ -9,12 +9,14 @@ scheduler's worker thread, or the engine process, does).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
 import math
 import re
 import time
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -49,6 +51,7 @@ from service.errors import (
     TooLarge,
 )
 from service.metrics import Metrics
+from service.placeholders import Glossary
 from service.settings import Settings
 from service.translator import (
     Registry,
@@ -79,6 +82,8 @@ SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # echoed in headers and 
 THROUGHPUT_SAMPLE_SECONDS = 0.25
 JSON, FORM = "application/json", "application/x-www-form-urlencoded"  # the media types /translate reads
 ERROR_CODES = (400, 403, 404, 408, 413, 415, 422, 500, 503, 504)  # what /translate may answer besides 200
+MAX_GLOSSARY_TERMS = 1000  # a request's glossary: terms, each of at most MAX_TERM_CHARS (and its translation)
+MAX_TERM_CHARS = 200
 
 
 # -- request and response bodies ------------------------------------------------------------------
@@ -109,12 +114,54 @@ class TranslateRequest(BaseModel):
         None, gt=0, allow_inf_nan=False, description="seconds; can only lower the server's deadline"
     )
     return_scores: bool = Field(False, description="add each text's mean normalised log-probability")
+    glossary: dict[str, str] | None = Field(
+        None,
+        description="term -> its translation (the term itself keeps it as written): each occurrence of a term, a "
+        "whole word in its case as written, goes to the model as a placeholder and comes back as its translation; "
+        f"at most {MAX_GLOSSARY_TERMS} terms of {MAX_TERM_CHARS} characters (in a form: a JSON object)",
+    )
+
+    @field_validator("glossary", mode="before")
+    @classmethod
+    def _glossary_in_a_form(cls, value: object) -> object:
+        """A form's field is text: a JSON object there is the glossary."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError:
+                raise ValueError("a glossary in a form is a JSON object of terms and their translations") from None
+        return value
+
+    @field_validator("glossary")
+    @classmethod
+    def _terms(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for term, translation in (value or {}).items():
+            problem = glossary_problem(term, translation)
+            if problem:
+                raise ValueError(f"glossary term {term[:MAX_TERM_CHARS]!r}: {problem}")
+        return value
 
     @field_validator("format", mode="before")
     @classmethod
     def _format_given(cls, value: object) -> object:
         """null or "" is the default, as LibreTranslate takes them (a form's empty field is dropped before)."""
         return "text" if value is None or value == "" else value
+
+
+def glossary_problem(term: str, translation: str) -> str | None:
+    """What is wrong with a glossary entry, if anything: a term must be text the model would read as a word or
+    words of a sentence, and its translation text to put in one."""
+    if not term.strip():
+        return "empty: a term is a word or words of the text"
+    if term != term.strip():
+        return "spaces around it: a term is matched as a whole word, without them"
+    if not translation.strip():
+        return "an empty translation: give the term itself to keep it as written"
+    if max(len(term), len(translation)) > MAX_TERM_CHARS:
+        return f"over {MAX_TERM_CHARS} characters, the term or its translation"
+    if any(unicodedata.category(c) in ("Zl", "Zp") or unicodedata.category(c)[0] == "C" for c in term + translation):
+        return "a control or format character or a line break: a term lies within one sentence"
+    return None
 
 
 class DetectedLanguage(BaseModel):
@@ -502,7 +549,7 @@ def describe_validation(errors: list[Any]) -> str:
     parts = []
     for e in errors[:5]:
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+        parts.append(f"{where}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}")  # ours say it all
     return "invalid request: " + "; ".join(parts)
 
 
@@ -578,10 +625,13 @@ def check_metadata_key(settings: Settings, request: Request) -> None:
 
 
 def check_items(settings: Settings, payload: dict[str, Any]) -> None:
-    """The length of q before validating it item by item (a 1 MB body holds 250,000 empty strings)."""
-    q = payload.get("q")
+    """The length of q, and of a glossary, before validating them item by item (a 1 MB body holds 250,000 empty
+    strings)."""
+    q, glossary = payload.get("q"), payload.get("glossary")
     if isinstance(q, list) and len(q) > settings.max_request_items:
         raise TooLarge(f"q has {len(q)} texts; the limit is {settings.max_request_items}")
+    if isinstance(glossary, dict) and len(glossary) > MAX_GLOSSARY_TERMS:
+        raise TooLarge(f"the glossary has {len(glossary)} terms; the limit is {MAX_GLOSSARY_TERMS}")
 
 
 def check_size(settings: Settings, texts: list[str]) -> None:
@@ -643,6 +693,11 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
         raise InvalidRequest(f"beam_size and alternatives + 1 may be at most {settings.max_beam_size}")
     if body.max_length is not None and body.max_length > settings.max_output_tokens:
         raise InvalidRequest(f"max_length may be at most {settings.max_output_tokens}")
+    if body.glossary and not settings.mask_symbols:
+        raise InvalidRequest(
+            "this server gives its model no placeholders (MT_MASK_SYMBOLS=false), which a glossary needs: "
+            "send the request without one"
+        )
     return TranslateOptions(
         beam_size=beam,
         alternatives=body.alternatives,
@@ -651,7 +706,14 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
         html=body.format == "html",
         timeout=body.timeout,
         return_scores=body.return_scores,  # else greedy steps may skip the log-softmax
+        glossary=glossary_of(tuple(body.glossary.items())) if body.glossary else None,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def glossary_of(terms: tuple[tuple[str, str], ...]) -> Glossary:
+    """A request's glossary, compiled once for the requests that send the same one (a client's every request)."""
+    return Glossary.of(dict(terms))
 
 
 def translate_response(body: TranslateRequest, result: Translation, source: str, model: str) -> TranslateResponse:

@@ -28,18 +28,44 @@ _PLACEHOLDER = re.compile(r"%(\d+)")
 @dataclass(frozen=True)
 class Run:
     """A run of the sentence and its placeholder; `spaced`: a digit followed it, so the placeholder has a space
-    after it (%1 5 for €5: %15 would be another placeholder), which goes when the run comes back before a digit."""
+    after it (%1 5 for €5: %15 would be another placeholder), which goes when the run comes back before a digit;
+    `target`: what the translation gets in its place, where that is not the run as written (a glossary term's
+    translation)."""
 
     placeholder: str
     text: str
     spaced: bool = False
+    target: str | None = None
 
     @property
     def pattern(self) -> re.Pattern[str]:
         return re.compile(re.escape(self.placeholder) + (r"(?!\d)(?: (?=\d))?" if self.spaced else r"(?!\d)"))
 
-    def put(self, translation: str) -> str:
-        return self.pattern.sub(lambda _: self.text, translation)
+    def put(self, translation: str, source: bool = False) -> str:
+        """The placeholder in `translation` replaced by the run's target, or with `source` by its text."""
+        text = self.text if source or self.target is None else self.target
+        return self.pattern.sub(lambda _: text, translation)
+
+
+@dataclass(frozen=True)
+class Glossary:
+    """A request's terms and their translations: each occurrence of a term in a sentence, a whole word (no letter,
+    digit or underscore on either side) in its case as written, goes to the model as a placeholder, which it copies,
+    and comes back as the term's translation (the term itself keeps it as written: a product's name). Where terms
+    overlap, the longest, then the first, wins."""
+
+    terms: dict[str, str]  # term -> its translation, both in NFC, as the model's input is
+    pattern: re.Pattern[str]
+
+    @classmethod
+    def of(cls, terms: dict[str, str]) -> Glossary:
+        nfc = {unicodedata.normalize("NFC", t): unicodedata.normalize("NFC", v) for t, v in terms.items()}
+        longest = sorted(nfc, key=len, reverse=True)  # an alternation takes its first match, not its longest
+        return cls(nfc, re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, longest)) + r")(?!\w)"))
+
+    def spans(self, sentence: str) -> list[tuple[int, int, str]]:
+        """(start, end, translation) of each term in the sentence, in order."""
+        return [(m.start(), m.end(), self.terms[m.group()]) for m in self.pattern.finditer(sentence)]
 
 
 @dataclass(frozen=True)
@@ -79,27 +105,35 @@ class Masked:
 
     @property
     def sentence(self) -> str:
-        """The sentence before masking."""
-        return self.unmask(self.text)
+        """The sentence before masking (a glossary term as written, not its translation)."""
+        text = self.text
+        for run in self.runs:
+            text = run.put(text, source=True)
+        return text
 
 
-def mask(sentence: str, readable: Callable[[str], bool]) -> Masked:
-    """`sentence` with each run (`runs`) replaced by a placeholder %k that the sentence does not hold already,
-    a space between it and a digit that follows (%1 5 for €5: %15 would be another placeholder); unchanged, with
-    no runs, when it has none."""
-    spans = runs(sentence, readable)
+def mask(sentence: str, readable: Callable[[str], bool], glossary: Glossary | None = None) -> Masked:
+    """`sentence` with each run (`runs`) and each of the glossary's terms replaced by a placeholder %k that the
+    sentence does not hold already, a space between it and a digit that follows (%1 5 for €5: %15 would be
+    another placeholder); unchanged, with no runs, when it has none. A run that overlaps a term gives way to it."""
+    spans: list[tuple[int, int, str | None]] = [(start, end, None) for start, end in runs(sentence, readable)]
+    terms = glossary.spans(sentence) if glossary is not None else []
+    if terms:
+        kept = (s for s in spans if not any(s[0] < end and start < s[1] for start, end, _ in terms))
+        spans = sorted([*terms, *kept], key=lambda span: span[0])
     if not spans:
         return Masked(sentence)
     names = _free_placeholders(sentence, len(spans))
     parts, done, found = [], 0, []
-    for (start, end), name in zip(spans, names, strict=True):
+    for (start, end, target), name in zip(spans, names, strict=True):
         spaced = sentence[end : end + 1].isdigit()
         parts += [sentence[done:start], name + (" " if spaced else "")]
-        found.append(Run(name, sentence[start:end], spaced))
+        found.append(Run(name, sentence[start:end], spaced, target))
         done = end
     parts.append(sentence[done:])
-    own = len(_PLACEHOLDER.findall(sentence))
-    return Masked("".join(parts), tuple(found), own)
+    text = "".join(parts)
+    own = len(_PLACEHOLDER.findall(text)) - len(found)  # the sentence's own outside the runs (a term may hold one)
+    return Masked(text, tuple(found), own)
 
 
 def runs(sentence: str, readable: Callable[[str], bool]) -> list[tuple[int, int]]:

@@ -23,7 +23,7 @@ from service.engine_process import EngineProcess
 from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, SettingsError, TooLarge
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, Architecture, ModelFolder, load_model_folder
-from service.placeholders import Masked, mask
+from service.placeholders import Glossary, Masked, mask
 from service.placement import Cores, allowed_cores, claim, pin_process, plan
 from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
@@ -55,6 +55,7 @@ class TranslateOptions:
     html: bool = False
     timeout: float | None = None  # seconds; None: the server's request timeout
     return_scores: bool = False  # as the API's: greedy sentences' scores not computed (Translation.scores NaN)
+    glossary: Glossary | None = None  # terms given to the model as placeholders, put back as their translations
 
 
 @dataclass
@@ -138,7 +139,7 @@ class Translator:
             lazy = sum(len(t.pieces.sentences) for doc in documents for t in doc.tagged.values() if not t.eager)
             pieces = len(sentences) + lazy - attributes - sum(len(doc.sentences) for doc in documents)
         self._check_sentences(len(sentences) + lazy, cut=True, pieces=pieces, attributes=attributes)
-        return self._jobs([self.masked(s) for s in sentences], target, options, documents)
+        return self._jobs([self.masked(s, options.glossary) for s in sentences], target, options, documents)
 
     def _jobs(
         self, masks: list[Masked], target: str, options: TranslateOptions, documents: list[text.Document] | None = None
@@ -147,12 +148,12 @@ class Translator:
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
         return Prepared(documents or [], jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
 
-    def masked(self, sentence: str) -> Masked:
-        """The sentence as the model reads it (`text.model_input`): with MT_MASK_SYMBOLS, what it cannot read as
-        placeholders."""
+    def masked(self, sentence: str, glossary: Glossary | None = None) -> Masked:
+        """The sentence as the model reads it (`text.model_input`): with MT_MASK_SYMBOLS, what it cannot read and
+        the glossary's terms as placeholders (a glossary needs them: `check_glossary`)."""
         if not self.settings.mask_symbols:
             return Masked(text.model_input(sentence))
-        return mask(text.model_input(sentence, keep_flags=True), self.tokenizer.readable)
+        return mask(text.model_input(sentence, keep_flags=True), self.tokenizer.readable, glossary)
 
     def _check_sentences(self, count: int, cut: bool = False, pieces: int = 0, attributes: int = 0) -> None:
         """413 for more sentences than a request may have, or than the whole queue holds (a 503 'retry later' for

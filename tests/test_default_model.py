@@ -108,3 +108,22 @@ def test_names_with_letters_its_sources_hardly_held_come_back_as_written(client:
     texts = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["translatedText"]
     for (english, name, word), french in zip(NAMES, texts, strict=True):
         assert french.count(name) == 1 and word in french.lower() and "%1" not in french, (english, french)
+
+
+GLOSSARY = {"Files": "Files", "Konsole": "Konsole", "file": "fichier de sauvegarde", "Settings": "Réglages"}
+TERMS = [
+    ("Open Files to browse your documents.", "Files", "documents"),  # a product's name, kept as written
+    ("Start Konsole in fullscreen mode.", "Konsole", "écran"),
+    ("Cannot save the file.", "fichier de sauvegarde", "impossible"),
+    ("Open the Settings window.", "Réglages", "fenêtre"),
+]
+
+
+def test_a_glossarys_terms_come_back_as_its_translations(client: TestClient) -> None:
+    """Each term goes to the model as a placeholder, which it copies, and comes back as the glossary says; the
+    sentence around it is the model's."""
+    q = [english for english, _, _ in TERMS]
+    body = {"q": q, "source": "en", "target": "fr", "glossary": GLOSSARY}
+    texts = client.post("/translate", json=body).json()["translatedText"]
+    for (english, term, word), french in zip(TERMS, texts, strict=True):
+        assert french.count(term) == 1 and word in french.lower() and "%" not in french, (english, french)

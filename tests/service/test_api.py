@@ -4,6 +4,7 @@ compatibility, our extras, and every error path with its status and message."""
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -276,6 +277,15 @@ def test_the_counts_alerts_read_are_there_at_0_from_the_start(model_dir: Path) -
         ({"q": "x", "source": "en", "target": "fr", "beam_size": 0}, 422, "beam_size: Input should be greater"),
         ({"q": ["x"] * 129, "source": "en", "target": "fr"}, 413, "q has 129 texts; the limit is 128"),
         ({"q": "x" * 50_001, "source": "en", "target": "fr"}, 413, "q has 50001 characters; the limit is 50000"),
+        ({"q": "x", "target": "fr", "glossary": {f"t{i}": "x" for i in range(1001)}}, 413, "glossary has 1001 terms"),
+        ({"q": "x", "target": "fr", "glossary": ["Files"]}, 422, "glossary: Input should be a valid dictionary"),
+        ({"q": "x", "target": "fr", "glossary": {"a": 5}}, 422, "glossary.a: Input should be a valid string"),
+        ({"q": "x", "target": "fr", "glossary": {"": "x"}}, 422, "glossary term '': empty: a term is a word"),
+        ({"q": "x", "target": "fr", "glossary": {" Files": "x"}}, 422, "' Files': spaces around it: a term is match"),
+        ({"q": "x", "target": "fr", "glossary": {"Files": " "}}, 422, "'Files': an empty translation: give the term"),
+        ({"q": "x", "target": "fr", "glossary": {"a\nb": "x"}}, 422, "a control or format character or a line br"),
+        ({"q": "x", "target": "fr", "glossary": {"a": "b\u2028c"}}, 422, "a control or format character or a line br"),
+        ({"q": "x", "target": "fr", "glossary": {"x" * 201: "x"}}, 422, "over 200 characters, the term or its trans"),
     ],
 )
 def test_bad_requests(client: TestClient, body: dict, status: int, message: str) -> None:
@@ -283,6 +293,31 @@ def test_bad_requests(client: TestClient, body: dict, status: int, message: str)
     assert response.status_code == status, response.text
     assert set(response.json()) == {"error"}
     assert pytest.importorskip("re").search(message, response.json()["error"]), response.json()["error"]
+
+
+def test_a_glossary_term_goes_to_the_model_as_a_placeholder_and_comes_back_as_its_translation(
+    client: TestClient, model_dir: Path
+) -> None:
+    """The tiny model, random, never gives %1 back: the sentence goes again without it and the answer is its
+    translation as it is; a sentence without the term is translated as without a glossary. The default model's
+    answers: tests/test_default_model.py."""
+    glossary = {"file": "document", "Open": "Open"}
+    body = {"q": ["Open the file.", "Save the document as %s."], "source": "en", "target": "fr", "glossary": glossary}
+    answer = client.post("/translate", json=body)
+    assert answer.status_code == 200, answer.text
+    expected = [solo(model_dir, "Open the file."), solo(model_dir, "Save the document as %s.")]
+    assert answer.json()["translatedText"] == expected
+    form = {"q": "Open the file.", "target": "fr", "glossary": json.dumps(glossary)}  # in a form: a JSON object
+    assert client.post("/translate", data=form).json()["translatedText"] == solo(model_dir, "Open the file.")
+    form["glossary"] = "file=document"
+    refused = client.post("/translate", data=form)
+    assert refused.status_code == 422 and "a glossary in a form is a JSON object" in refused.json()["error"]
+    off = settings_for(model_dir, mask_symbols=False)
+    with TestClient(create_app(off)) as c:
+        refused = c.post("/translate", json=body)
+        assert refused.status_code == 400, refused.text
+        assert "no placeholders (MT_MASK_SYMBOLS=false), which a glossary needs" in refused.json()["error"]
+        assert c.post("/translate", json={**body, "glossary": {}}).status_code == 200  # an empty one: none
 
 
 def test_bodies_that_are_not_json(client: TestClient) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from service import text
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, load_model_folder
-from service.placeholders import Masked, Run, mask, protected
+from service.placeholders import Glossary, Masked, Run, mask, protected
 from service.settings import Settings
 from service.tokenizer import Tokenizer
 from service.translator import TranslateOptions, Translator, load_translators
@@ -55,6 +55,40 @@ def test_what_is_masked(sentence: str, read: str, runs: tuple) -> None:
     assert masked.sentence == sentence
 
 
+GLOSSARY = Glossary.of({"Files": "Files", "file": "document", "Visual Studio": "VS", "Visual Studio Code": "VS Code",
+                         "Zürich": "Zurich", "C++": "C++", "e\u0301tat": "state"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("sentence", "read", "runs"),
+    [
+        ("Open the file.", "Open the %1.", (Run("%1", "file", target="document"),)),
+        ("Open Files, files or a profile.", "Open %1, files or a profile.", (Run("%1", "Files", target="Files"),)),
+        ("File it.", "File it.", ()),  # its case as written; "file_" or "file2" is no whole word "file" either
+        ("The file_name and file2.", "The file_name and file2.", ()),
+        ("Run Visual Studio Code, not Visual Studio.", "Run %1, not %2.",
+         (Run("%1", "Visual Studio Code", target="VS Code"), Run("%2", "Visual Studio", target="VS"))),  # longest
+        ("Ship to Zürich €5", "Ship to %1 %2 5", (Run("%1", "Zürich", target="Zurich"), Run("%2", "€", True))),
+        ("Use C++ and C.", "Use %1 and C.", (Run("%1", "C++", target="C++"),)),
+        ("L'état du file %1.", "L'%2 du %3 %1.",
+         (Run("%2", "état", target="state"), Run("%3", "file", target="document"))),  # its own %1 stays
+    ],
+)  # fmt: skip
+def test_a_glossary_term_is_a_placeholder_that_comes_back_as_its_translation(
+    sentence: str, read: str, runs: tuple
+) -> None:
+    """Whole words in their case as written, the longest term first; a symbol run inside a term gives way to it
+    (ü is no letter `latin` reads: without the glossary Zürich would be a run of its own); a term given in another
+    Unicode form (e + U+0301) matches its NFC one, as the model's input is."""
+    masked = mask(sentence, lambda c: c != "ü" and latin(c), GLOSSARY)
+    assert (masked.text, masked.runs) == (read, runs)
+    assert masked.sentence == sentence  # the source: the terms as written
+    expected = sentence
+    for run in runs:
+        expected = expected.replace(run.text, run.target, 1) if run.target else expected
+    assert masked.restore(masked.text) == expected
+
+
 def test_restore_takes_back_only_a_translation_with_each_placeholder_once() -> None:
     masked = mask("Click ☰ then ⚙, pay €5, see %1.", latin)
     assert masked.text == "Click %2 then %3, pay %4 5, see %1."
@@ -73,6 +107,18 @@ def test_a_translation_that_copies_the_masked_text_gives_the_sentence_back(sente
     masked = mask(sentence, latin)
     assert masked.restore(masked.text) == sentence
     assert not [c for c in masked.text if protected(c, latin)]
+
+
+KEEP = Glossary.of({"ab": "ab", "b c": "b c", "€": "€", "a%1": "a%1"})  # terms kept as written
+
+
+@given(st.lists(st.sampled_from(["ab", "b", " ", "c", "€", "%1", "a", "5", "é", "ü"]), max_size=20).map("".join))
+def test_a_glossary_that_keeps_its_terms_gives_the_sentence_back(sentence: str) -> None:
+    """Terms among symbols, digits, placeholders of the sentence's own and each other: what the model reads holds
+    none of them as a whole word, and the translation that copies it is the sentence."""
+    masked = mask(sentence, latin, KEEP)
+    assert masked.restore(masked.text) == sentence and masked.sentence == sentence
+    assert not KEEP.spans(masked.text) or all(run.target is None for run in masked.runs)
 
 
 def test_the_tokenizer_says_which_characters_its_model_reads(model_dir: Path) -> None:
@@ -103,6 +149,20 @@ def test_the_model_reads_placeholders(model_dir: Path, on: bool) -> None:
     read = "Open %1 the file." if on else "Open 😀 the file."
     assert prepared.jobs == [serving.tokenizer.encode(read, "fr")]
     assert [m.runs for m in prepared.masks] == ([(Run("%1", "😀"),)] if on else [()])
+    serving.scheduler.stop()
+
+
+def test_a_glossary_term_is_what_the_model_reads_as_a_placeholder(model_dir: Path) -> None:
+    """In plain text and in HTML, an attribute value's text included: each term is %k in the model's input."""
+    serving = translator(model_dir, True)
+    options = TranslateOptions(glossary=Glossary.of({"file": "document"}))
+    prepared = serving.prepare(["Open the file.", "Open the files."], "fr", options)
+    assert prepared.jobs == [serving.tokenizer.encode(s, "fr") for s in ("Open the %1.", "Open the files.")]
+    assert prepared.masks[0].runs == (Run("%1", "file", target="document"),)
+    html = TranslateOptions(html=True, glossary=options.glossary)
+    prepared = serving.prepare(['<p title="Save the file.">Open the <b>file</b> now.</p>'], "fr", html)
+    assert serving.tokenizer.encode("Save the %1.", "fr") in prepared.jobs  # the title's
+    assert serving.tokenizer.encode("%1", "fr") in prepared.jobs  # the piece inside <b>
     serving.scheduler.stop()
 
 
