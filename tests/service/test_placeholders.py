@@ -6,12 +6,14 @@ import asyncio
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from service import text
+from service.decoding import Hypothesis
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, load_model_folder
 from service.placeholders import Glossary, Masked, Run, mask, protected
@@ -191,9 +193,24 @@ def test_kept_html_elements_are_placeholders_only_for_a_model_that_reads_them(mo
     serving.scheduler.stop()
 
 
+def test_the_first_hypothesis_that_gives_the_placeholders_back_goes_first(model_dir: Path) -> None:
+    """What a sentence's beams (its rescue search, or a beam request's alternatives) give when its best lost or
+    repeated a placeholder: the first that gives each back once, then the others in their order; none if none does."""
+    serving = translator(model_dir, True)
+    texts = ["Ouvrir maintenant.", "Ouvrir %1 %1.", "Ouvrir %1 maintenant.", "Ouvrir %1."]
+    serving.tokenizer = SimpleNamespace(decode=lambda tokens: texts[tokens[0]])
+    masked = mask("Open ☰ now.", latin)
+    lost, twice, kept, also = (Hypothesis((n,), -1.0, -1.0) for n in range(4))
+    assert serving._restoring(masked, [lost, twice, kept, also], 4) == [kept, lost, twice, also]
+    assert serving._restoring(masked, [lost, twice, kept, also], 2) == [kept, lost]  # the request's n_best
+    assert serving._restoring(masked, [lost, twice], 2) == []
+    serving.scheduler.stop()
+
+
 def test_a_sentence_whose_placeholders_did_not_come_back_is_translated_again_as_it_is(model_dir: Path) -> None:
-    """The tiny model, random, never gives %1 back: each masked sentence goes a second time, unmasked, and the
-    answer is that translation, as with MT_MASK_SYMBOLS off (the symbol then is the model's to keep or lose)."""
+    """The tiny model, random, never gives %1 back, nor do its beams: each masked sentence goes again, searched
+    with 4 beams and unmasked, and the answer is the unmasked translation, as with MT_MASK_SYMBOLS off (the symbol
+    then is the model's to keep or lose)."""
     q = ["Open 😀 the file.", "Open the file.", "Save ☰ now."]
     masked, plain = translator(model_dir, True), translator(model_dir, False)
     try:
@@ -205,4 +222,4 @@ def test_a_sentence_whose_placeholders_did_not_come_back_is_translated_again_as_
     assert got.texts == expected.texts
     assert (got.input_tokens, got.output_tokens) == (expected.input_tokens, expected.output_tokens)
     finished = [t.metrics.registry.get_sample_value("mt_sentences_total", {"model": t.name}) for t in (masked, plain)]
-    assert finished == [5.0, 3.0]  # the decoder's work: the two masked sentences twice
+    assert finished == [7.0, 3.0]  # the decoder's work: the two masked sentences three times
