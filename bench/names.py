@@ -31,8 +31,8 @@ import sacrebleu
 from bench.inline import translate
 from bench.machine import describe, headline
 from service.arguments import description_of, positive_int
+from service.glossary import Glossary
 from service.metrics import Metrics
-from service.placeholders import Glossary
 from service.settings import Settings
 from service.translator import Translator, load_translators
 

@@ -9,18 +9,17 @@ scheduler's worker thread, or the engine process, does).
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import json
 import logging
 import math
 import re
 import time
-import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 from http import HTTPStatus
 from typing import Any, Literal, TypeVar
 
@@ -50,8 +49,8 @@ from service.errors import (
     ServiceError,
     TooLarge,
 )
+from service.glossary import MAX_REQUEST_TERMS, MAX_TERM_CHARS, problem
 from service.metrics import Metrics
-from service.placeholders import Glossary
 from service.settings import Settings
 from service.translator import (
     Registry,
@@ -82,8 +81,6 @@ SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # echoed in headers and 
 THROUGHPUT_SAMPLE_SECONDS = 0.25
 JSON, FORM = "application/json", "application/x-www-form-urlencoded"  # the media types /translate reads
 ERROR_CODES = (400, 403, 404, 408, 413, 415, 422, 500, 503, 504)  # what /translate may answer besides 200
-MAX_GLOSSARY_TERMS = 1000  # a request's glossary: terms, each of at most MAX_TERM_CHARS (and its translation)
-MAX_TERM_CHARS = 200
 
 
 # -- request and response bodies ------------------------------------------------------------------
@@ -118,7 +115,7 @@ class TranslateRequest(BaseModel):
         None,
         description="term -> its translation (the term itself keeps it as written): each occurrence of a term, a "
         "whole word in its case as written, goes to the model as a placeholder and comes back as its translation; "
-        f"at most {MAX_GLOSSARY_TERMS} terms of {MAX_TERM_CHARS} characters (in a form: a JSON object)",
+        f"at most {MAX_REQUEST_TERMS} terms of {MAX_TERM_CHARS} characters (in a form: a JSON object)",
     )
 
     @field_validator("glossary", mode="before")
@@ -136,9 +133,9 @@ class TranslateRequest(BaseModel):
     @classmethod
     def _terms(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         for term, translation in (value or {}).items():
-            problem = glossary_problem(term, translation)
-            if problem:
-                raise ValueError(f"glossary term {term[:MAX_TERM_CHARS]!r}: {problem}")
+            found = problem(term, translation)
+            if found:
+                raise ValueError(f"glossary term {term[:MAX_TERM_CHARS]!r}: {found}")
         return value
 
     @field_validator("format", mode="before")
@@ -146,22 +143,6 @@ class TranslateRequest(BaseModel):
     def _format_given(cls, value: object) -> object:
         """null or "" is the default, as LibreTranslate takes them (a form's empty field is dropped before)."""
         return "text" if value is None or value == "" else value
-
-
-def glossary_problem(term: str, translation: str) -> str | None:
-    """What is wrong with a glossary entry, if anything: a term must be text the model would read as a word or
-    words of a sentence, and its translation text to put in one."""
-    if not term.strip():
-        return "empty: a term is a word or words of the text"
-    if term != term.strip():
-        return "spaces around it: a term is matched as a whole word, without them"
-    if not translation.strip():
-        return "an empty translation: give the term itself to keep it as written"
-    if max(len(term), len(translation)) > MAX_TERM_CHARS:
-        return f"over {MAX_TERM_CHARS} characters, the term or its translation"
-    if any(unicodedata.category(c) in ("Zl", "Zp") or unicodedata.category(c)[0] == "C" for c in term + translation):
-        return "a control or format character or a line break: a term lies within one sentence"
-    return None
 
 
 class DetectedLanguage(BaseModel):
@@ -630,8 +611,8 @@ def check_items(settings: Settings, payload: dict[str, Any]) -> None:
     q, glossary = payload.get("q"), payload.get("glossary")
     if isinstance(q, list) and len(q) > settings.max_request_items:
         raise TooLarge(f"q has {len(q)} texts; the limit is {settings.max_request_items}")
-    if isinstance(glossary, dict) and len(glossary) > MAX_GLOSSARY_TERMS:
-        raise TooLarge(f"the glossary has {len(glossary)} terms; the limit is {MAX_GLOSSARY_TERMS}")
+    if isinstance(glossary, dict) and len(glossary) > MAX_REQUEST_TERMS:
+        raise TooLarge(f"the glossary has {len(glossary)} terms; the limit is {MAX_REQUEST_TERMS}")
 
 
 def check_size(settings: Settings, texts: list[str]) -> None:
@@ -677,6 +658,7 @@ async def translate(state: State, scope: Scope, receive: Receive) -> dict[str, A
     check_size(settings, texts)
     options = translate_options(settings, body)
     translator, source = state.registry.pick(body.source, body.target, body.model)
+    options = replace(options, glossary=translator.glossary(body.target, body.glossary))
     state.check_queue_wait(translator)
     state.metrics.in_flight.inc()
     try:
@@ -706,14 +688,7 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
         html=body.format == "html",
         timeout=body.timeout,
         return_scores=body.return_scores,  # else greedy steps may skip the log-softmax
-        glossary=glossary_of(tuple(body.glossary.items())) if body.glossary else None,
     )
-
-
-@functools.lru_cache(maxsize=64)
-def glossary_of(terms: tuple[tuple[str, str], ...]) -> Glossary:
-    """A request's glossary, compiled once for the requests that send the same one (a client's every request)."""
-    return Glossary.of(dict(terms))
 
 
 def translate_response(body: TranslateRequest, result: Translation, source: str, model: str) -> TranslateResponse:

@@ -19,6 +19,8 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from service.glossary import Glossary
+
 ZWJ = "\u200d"  # joins the emoji of a sequence (👨‍👩‍👧)
 KEYCAP = "\u20e3"  # encloses a keycap's base: 1️⃣ is "1", U+FE0F, U+20E3
 KEYCAP_BASES = "0123456789#*"
@@ -45,27 +47,6 @@ class Run:
         """The placeholder in `translation` replaced by the run's target, or with `source` by its text."""
         text = self.text if source or self.target is None else self.target
         return self.pattern.sub(lambda _: text, translation)
-
-
-@dataclass(frozen=True)
-class Glossary:
-    """A request's terms and their translations: each occurrence of a term in a sentence, a whole word (no letter,
-    digit or underscore on either side) in its case as written, goes to the model as a placeholder, which it copies,
-    and comes back as the term's translation (the term itself keeps it as written: a product's name). Where terms
-    overlap, the longest, then the first, wins."""
-
-    terms: dict[str, str]  # term -> its translation, both in NFC, as the model's input is
-    pattern: re.Pattern[str]
-
-    @classmethod
-    def of(cls, terms: dict[str, str]) -> Glossary:
-        nfc = {unicodedata.normalize("NFC", t): unicodedata.normalize("NFC", v) for t, v in terms.items()}
-        longest = sorted(nfc, key=len, reverse=True)  # an alternation takes its first match, not its longest
-        return cls(nfc, re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, longest)) + r")(?!\w)"))
-
-    def spans(self, sentence: str) -> list[tuple[int, int, str]]:
-        """(start, end, translation) of each term in the sentence, in order."""
-        return [(m.start(), m.end(), self.terms[m.group()]) for m in self.pattern.finditer(sentence)]
 
 
 @dataclass(frozen=True)

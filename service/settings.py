@@ -68,6 +68,12 @@ class Settings(BaseSettings):
         default_factory=list, description="subfolders of models_dir to load (empty: every model folder there)"
     )
     variant: str | None = Field(None, description="graph variant to run (fp32, int8); default: each manifest's")
+    glossary_file: Path | None = Field(
+        None,
+        description='a JSON file of glossaries by language pair, {"en": {"fr": {"Files": "Files", "file": "fichier"}}}'
+        ", read at start: each request of a pair gets its terms (a request's own glossary adds to them, its "
+        "translation of a term in both winning), as LibreTranslate clients, which send no glossary, need",
+    )
     verify_checksums: bool = Field(True, description="check every file's sha256 against the manifest at start")
 
     # -- ONNX Runtime --------------------------------------------------------------------------
@@ -233,11 +239,12 @@ class Settings(BaseSettings):
             raise ValueError("names a folder twice")
         return value
 
-    @field_validator("models_dir", "pin_claims_dir", mode="before")
+    @field_validator("models_dir", "pin_claims_dir", "glossary_file", mode="before")
     @classmethod
-    def _not_blank(cls, value: object) -> object:
+    def _not_blank(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str) and not value.strip():
-            raise ValueError("is empty; give a folder, or unset it for the default")
+            what = "a file" if info.field_name == "glossary_file" else "a folder"
+            raise ValueError(f"is empty; give {what}, or unset it for the default")
         return value
 
     @field_validator("log_level")

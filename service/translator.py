@@ -21,9 +21,10 @@ from service.decoding import Hypothesis, SearchOptions, output_cap
 from service.engine import TokenRules, ends
 from service.engine_process import EngineProcess
 from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, SettingsError, TooLarge
+from service.glossary import Glossary, merged, read_glossary_file
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, Architecture, ModelFolder, load_model_folder
-from service.placeholders import Glossary, Masked, mask
+from service.placeholders import Masked, mask
 from service.placement import Cores, allowed_cores, claim, pin_process, plan
 from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
@@ -93,8 +94,10 @@ class Translator:
         metrics: Metrics,
         runtime: Runtime | None = None,
         cores: Cores | None = None,
+        glossaries: dict[str, Glossary] | None = None,
     ) -> None:
         manifest = folder.manifest
+        self.glossaries = glossaries or {}  # by target language: the server's (MT_GLOSSARY_FILE)
         self.folder, self.runtime, self.settings, self.metrics = folder, runtime, settings, metrics
         self.name, self.version = manifest.name, manifest.version
         self.source_language, self.target_languages = manifest.source_language, list(manifest.target_languages)
@@ -151,6 +154,12 @@ class Translator:
         """The sentences as the model reads them (`masks`), tokenised, each with its search options."""
         jobs = [self.tokenizer.encode(m.text, target) for m in masks]
         return Prepared(documents or [], jobs, [self.search_options(len(ids), options) for ids in jobs], masks)
+
+    def glossary(self, target: str, terms: dict[str, str] | None) -> Glossary | None:
+        """A request's glossary into `target`: the server's for the pair (MT_GLOSSARY_FILE), a request's `terms`
+        over it (a term in both: the request's translation)."""
+        base = self.glossaries.get(target)
+        return merged(base, tuple(terms.items())) if terms else base
 
     def masked(self, sentence: str, glossary: Glossary | None = None) -> Masked:
         """The sentence as the model reads it (`text.model_input`): with MT_MASK_SYMBOLS, what it cannot read and
@@ -628,13 +637,17 @@ def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) ->
     """Every model folder's Translator (with its engine process, unless MT_ENGINE_PROCESS is false). `pin`: this
     process is the server's own (`python -m service`), whose threads may be pinned (service/placement.py)."""
     translators = []
+    glossaries = read_glossary_file(settings.glossary_file) if settings.glossary_file else {}
     folders = [load_model_folder(path, settings.verify_checksums) for path in model_folders(settings)]
     check_names(folders)
+    check_glossaries(glossaries, folders, settings)
     placed = place(folders, settings) if pin else None
     for index, folder in enumerate(folders):
         path = folder.path
         runtime = None if settings.engine_process else open_runtime(folder, settings)
-        translator = Translator(folder, settings, metrics, runtime, placed[index] if placed else None)
+        source = folder.manifest.source_language
+        own = {target: glossary for (src, target), glossary in glossaries.items() if src == source}
+        translator = Translator(folder, settings, metrics, runtime, placed[index] if placed else None, own)
         variant = translator.variant
         provider = translator.scheduler.providers[0]
         metrics.model_info.labels(translator.name, translator.version, variant, provider).set(1)
@@ -650,6 +663,23 @@ def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) ->
         )
         translators.append(translator)
     return translators
+
+
+def check_glossaries(
+    glossaries: dict[tuple[str, str], Glossary], folders: list[ModelFolder], settings: Settings
+) -> None:
+    """The glossary file's language pairs are pairs a loaded model translates, and its model reads placeholders."""
+    if glossaries and not settings.mask_symbols:
+        raise SettingsError(
+            "MT_GLOSSARY_FILE needs placeholders, which MT_MASK_SYMBOLS=false turns off: unset one of them"
+        )
+    pairs = {(f.manifest.source_language, t) for f in folders for t in f.manifest.target_languages}
+    for source, target in sorted(set(glossaries) - pairs):
+        served = ", ".join(f"{s}->{t}" for s, t in sorted(pairs))
+        raise SettingsError(
+            f"MT_GLOSSARY_FILE={str(settings.glossary_file)!r}: {source}->{target}: no loaded model translates "
+            f"{source} into {target} (loaded: {served}); fix the language codes or load a model for them"
+        )
 
 
 def check_names(folders: list[ModelFolder]) -> None:

@@ -143,3 +143,16 @@ def test_a_name_whose_placeholder_the_greedy_search_lost_is_found_among_beams(cl
     french = client.post("/translate", json=body).json()["translatedText"]
     assert french.count("Björk") == 1 and "serveur" in french and "%" not in french, french
     assert sentences_decoded(client) - before in (1.0, 3.0)
+
+
+def test_the_servers_glossary_file_applies_to_a_request_that_sends_none(tmp_path: Path) -> None:
+    """MT_GLOSSARY_FILE: what a LibreTranslate client, which sends no glossary, gets; a request's own term wins."""
+    path = tmp_path / "glossary.json"
+    path.write_text(json.dumps({"en": {"fr": GLOSSARY}}), encoding="utf-8")
+    with TestClient(create_app(Settings(intra_op_threads=1, glossary_file=path))) as server:
+        q = [english for english, _, _ in TERMS]
+        texts = server.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["translatedText"]
+        for (english, term, _), french in zip(TERMS, texts, strict=True):
+            assert french.count(term) == 1 and "%" not in french, (english, french)
+        body = {"q": "Open the Settings window.", "target": "fr", "glossary": {"Settings": "Préférences"}}
+        assert "Préférences" in server.post("/translate", json=body).json()["translatedText"]

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from service import text
 from service.decoding import Hypothesis
+from service.glossary import Glossary
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, load_model_folder
-from service.placeholders import Glossary, Masked, Run, mask, protected
+from service.placeholders import Masked, Run, mask, protected
 from service.settings import Settings
 from service.tokenizer import Tokenizer
 from service.translator import TranslateOptions, Translator, load_translators

@@ -4,6 +4,7 @@ that names the variable; a misspelt variable is warned about."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import re
 import shutil
@@ -40,6 +41,7 @@ from tests.service.test_e2e import free_port, start_server
         ({"MT_MODELS": "../elsewhere"}, "MT_MODELS='../elsewhere': '../elsewhere' is not a folder name"),
         ({"MT_MODELS": "en-fr,en-fr"}, "MT_MODELS='en-fr,en-fr': names a folder twice"),
         ({"MT_MODELS_DIR": " "}, "MT_MODELS_DIR=' ': is empty; give a folder"),
+        ({"MT_GLOSSARY_FILE": ""}, "MT_GLOSSARY_FILE='': is empty; give a file, or unset it"),
         ({"MT_BATCHING": "dynamic"}, "MT_BATCHING='dynamic': Input should be 'continuous' or 'static'"),
         (
             {"MT_DEFAULT_BEAM_SIZE": "8", "MT_MAX_BEAM_SIZE": "4"},
@@ -105,6 +107,48 @@ def test_a_batch_budget_that_cannot_hold_the_longest_sentence_stops_the_start(mo
     settings = Settings(models_dir=model_dir.parent, models=[model_dir.name], engine_process=False, max_batch_tokens=10)
     with pytest.raises(SettingsError, match=r"MT_MAX_BATCH_TOKENS \(10\) cannot hold model tiny-en-fr's longest"):
         load_translators(settings, Metrics())
+
+
+GLOSSARY_FILES = [
+    ('{"en": {"de": {"Files": "Dateien"}}}', "en->de: no loaded model translates en into de (loaded: en->fr); fix"),
+    ('{"en": {"fr": {"Files": ""}}}', "en->fr: term 'Files': an empty translation: give the term itself"),
+    ('{"en": {"fr": {"Files": 5}}}', "en->fr: term 'Files': its translation is not text"),
+    ('{"en": {"fr": ["Files"]}}', 'must be a JSON object of source languages, each an object of target languages'),
+    ('{"en": {"fr": {"a\\nb": "c"}}}', "en->fr: term 'a\\nb': a control or format character or a line break"),
+    ("{not json", "not a JSON file in UTF-8 (Expecting property name"),
+]
+
+
+@pytest.mark.parametrize(("content", "message"), GLOSSARY_FILES)
+def test_a_glossary_file_that_cannot_be_used_stops_the_start(
+    model_dir: Path, tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "glossary.json"
+    path.write_text(content, encoding="utf-8")
+    settings = Settings(models_dir=model_dir.parent, models=[model_dir.name], engine_process=False, glossary_file=path)
+    with pytest.raises(SettingsError, match=re.escape(f"MT_GLOSSARY_FILE={str(path)!r}: {message}")):
+        load_translators(settings, Metrics())
+
+
+def test_a_glossary_file_the_server_can_use_is_its_models_own(model_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "glossary.json"
+    many = {"en": {"fr": {f"term{i}": "x" for i in range(10_001)}}}
+    path.write_text(json.dumps(many), encoding="utf-8")
+    settings = Settings(models_dir=model_dir.parent, models=[model_dir.name], engine_process=False, glossary_file=path)
+    with pytest.raises(SettingsError, match="en->fr has 10001 terms; the limit is 10,000"):
+        load_translators(settings, Metrics())
+    with pytest.raises(SettingsError, match=r"glossary.json' ?: cannot be read \(No such file or directory\)"):
+        load_translators(settings.model_copy(update={"glossary_file": tmp_path / "none" / "glossary.json"}), Metrics())
+    path.write_text('{"en": {"fr": {"Files": "Files", "file": "fichier"}}}', encoding="utf-8")
+    [translator] = load_translators(settings, Metrics())
+    assert translator.glossary("fr", None).terms == {"Files": "Files", "file": "fichier"}
+    merged = translator.glossary("fr", {"file": "document", "Open": "Ouvrir"})  # the request's over the server's
+    assert merged.terms == {"Files": "Files", "file": "document", "Open": "Ouvrir"}
+    assert translator.glossary("fr", {"file": "document", "Open": "Ouvrir"}) is merged  # compiled once
+    assert translator.glossary("de", None) is None
+    off = settings.model_copy(update={"mask_symbols": False})
+    with pytest.raises(SettingsError, match="MT_GLOSSARY_FILE needs placeholders, which MT_MASK_SYMBOLS=false"):
+        load_translators(off, Metrics())
 
 
 def test_two_folders_of_one_model_name_stop_the_start(model_dir: Path, tmp_path: Path) -> None:
