@@ -16,30 +16,54 @@ from pathlib import Path
 
 from service.errors import SettingsError
 
-MAX_REQUEST_TERMS = 1000  # a request's glossary: 1,000 terms take 7.7 ms to compile, 38 µs a sentence to look for
-MAX_FILE_TERMS = 10_000  # a language pair's in MT_GLOSSARY_FILE, compiled once at start
+MAX_REQUEST_TERMS = 1000  # a request's glossary: 1,000 terms take 1.1 ms to compile, 12 µs a sentence to look for
+MAX_FILE_TERMS = 10_000  # a pair's in MT_GLOSSARY_FILE: 13 ms to compile, at start and with each new request glossary
 MAX_TERM_CHARS = 200  # a term, and its translation
+
+
+_WORD = re.compile(r"\w+")  # a run of word characters (letters, digits, the underscore), as the regex module says
+_WORD_CHAR = re.compile(r"\w")
 
 
 @dataclass(frozen=True, eq=False)
 class Glossary:
     """Terms and their translations: each occurrence of a term in a sentence, a whole word (no letter, digit or
     underscore on either side) in its case as written, goes to the model as a placeholder and comes back as the
-    term's translation (the term itself keeps it as written: a product's name). Where terms overlap, the longest,
-    then the first, wins. Hashed by identity (the server's are made once; `merged` caches on them)."""
+    term's translation (the term itself keeps it as written: a product's name). Where terms overlap, the first,
+    then the longest, wins. Terms are found by their first word, looked up at each word of the sentence (a regex
+    alternation of 10,000 terms took 588 µs a sentence of 113 characters; this, 11). Hashed by identity (the
+    server's are made once; `merged` caches on them)."""
 
     terms: dict[str, str]  # term -> its translation, both in NFC, as the model's input is
-    pattern: re.Pattern[str]
+    by_start: dict[str, tuple[str, ...]]  # a term's first word (or first character, if no word character) -> terms
+    starts: re.Pattern[str]  # where a term may begin: a word, or a character a term without one begins with
 
     @classmethod
     def of(cls, terms: dict[str, str]) -> Glossary:
         nfc = {unicodedata.normalize("NFC", t): unicodedata.normalize("NFC", v) for t, v in terms.items()}
-        longest = sorted(nfc, key=len, reverse=True)  # an alternation takes its first match, not its longest
-        return cls(nfc, re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, longest)) + r")(?!\w)"))
+        by_start: dict[str, list[str]] = {}
+        for term in sorted(nfc, key=len, reverse=True):  # longest first
+            word = _WORD.match(term)
+            by_start.setdefault(word.group() if word else term[0], []).append(term)
+        others = "".join(sorted(re.escape(k) for k in by_start if not _WORD_CHAR.match(k)))
+        starts = re.compile(r"\w+" + (f"|[{others}]" if others else ""))
+        return cls(nfc, {k: tuple(v) for k, v in by_start.items()}, starts)
 
     def spans(self, sentence: str) -> list[tuple[int, int, str]]:
         """(start, end, translation) of each term in the sentence, in order."""
-        return [(m.start(), m.end(), self.terms[m.group()]) for m in self.pattern.finditer(sentence)]
+        found: list[tuple[int, int, str]] = []
+        end = 0
+        for start in self.starts.finditer(sentence):
+            at, key = start.start(), start.group()
+            if at < end or (at and not _WORD_CHAR.match(key) and _WORD_CHAR.match(sentence[at - 1])):
+                continue  # inside the last term found, or a word's middle
+            for term in self.by_start.get(key, ()):
+                stop = at + len(term)
+                if sentence.startswith(term, at) and not _WORD_CHAR.match(sentence[stop : stop + 1]):
+                    found.append((at, stop, self.terms[term]))
+                    end = stop
+                    break
+        return found
 
 
 @functools.lru_cache(maxsize=64)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service import text
@@ -110,6 +111,25 @@ def test_a_translation_that_copies_the_masked_text_gives_the_sentence_back(sente
     masked = mask(sentence, latin)
     assert masked.restore(masked.text) == sentence
     assert not [c for c in masked.text if protected(c, latin)]
+
+
+PIECES = ["ab", "b", " ", "c", "€", "%1", "a", "5", "é", "-", ".", "_", "C++", "C", "+"]
+text_of_pieces = st.lists(st.sampled_from(PIECES), max_size=14).map("".join)
+
+
+terms_of_pieces = st.dictionaries(text_of_pieces.map(str.strip).filter(bool), st.just("T"), min_size=1, max_size=5)
+
+
+@given(terms_of_pieces, text_of_pieces)
+@example({"€": "T", "C++": "T"}, "a€ €C C++_ C++ .C++")  # a term that begins with no word character, after one
+@settings(max_examples=300)
+def test_a_glossary_finds_what_a_regex_alternation_of_its_terms_finds(terms: dict[str, str], sentence: str) -> None:
+    """The reference: one regex, the terms longest first between (?<!\\w) and (?!\\w) (what Glossary did before it
+    looked terms up by their first word: 588 µs a sentence at 10,000 terms)."""
+    glossary = Glossary.of(terms)
+    longest = sorted(glossary.terms, key=len, reverse=True)
+    pattern = re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, longest)) + r")(?!\w)")
+    assert glossary.spans(sentence) == [(m.start(), m.end(), "T") for m in pattern.finditer(sentence)]
 
 
 KEEP = Glossary.of({"ab": "ab", "b c": "b c", "€": "€", "a%1": "a%1"})  # terms kept as written
