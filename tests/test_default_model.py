@@ -156,3 +156,5 @@ def test_the_servers_glossary_file_applies_to_a_request_that_sends_none(tmp_path
             assert french.count(term) == 1 and "%" not in french, (english, french)
         body = {"q": "Open the Settings window.", "target": "fr", "glossary": {"Settings": "Préférences"}}
         assert "Préférences" in server.post("/translate", json=body).json()["translatedText"]
+        [model] = server.get("/v1/models").json()["models"]
+        assert model["glossary_terms"] == {"fr": len(GLOSSARY)} and "ø" in model["rare_letters"]
