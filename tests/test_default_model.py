@@ -129,6 +129,14 @@ def test_a_glossarys_terms_come_back_as_its_translations(client: TestClient) -> 
         assert french.count(term) == 1 and word in french.lower() and "%" not in french, (english, french)
 
 
+def test_a_glossarys_translation_is_text_escaped_in_html(client: TestClient) -> None:
+    glossary = {"file": "A&B <x>"}
+    html = {"q": "<p>Cannot save the file.</p>", "target": "fr", "format": "html", "glossary": glossary}
+    assert "le A&amp;B &lt;x&gt;.</p>" in client.post("/translate", json=html).json()["translatedText"]
+    plain = {"q": "Cannot save the file.", "target": "fr", "glossary": glossary}
+    assert "le A&B <x>." in client.post("/translate", json=plain).json()["translatedText"]
+
+
 def sentences_decoded(client: TestClient) -> float:
     metrics = client.get("/metrics").text
     return float(next(line.split()[-1] for line in metrics.splitlines() if line.startswith("mt_sentences_total{")))
