@@ -196,13 +196,29 @@ def test_html_looking_text_keeps_its_tags(client: TestClient, parts: list[str], 
         assert tags.findall(answer["body"]["translatedText"]) == tags.findall(text)
 
 
+@FUZZ
+@given(text=ANY_TEXT, terms=st.dictionaries(ANY_TEXT, ANY_TEXT, max_size=5), fmt=st.sampled_from(["html", "text"]))
+def test_any_glossary_gets_a_defined_answer(client: TestClient, text: str, terms: dict[str, str], fmt: str) -> None:
+    """Terms of any text: refused with 422 where one is no term (empty, spaced, a control character), else the
+    text translated; and the text's own words as terms, kept as they are: always translated."""
+    answer = post_json(client, {**NORMAL, "q": text, "format": fmt, "glossary": terms, "max_length": 3})
+    assert answer["status"] in (200, 422), answer
+    if answer["status"] == 422:
+        assert answer["body"]["error"].startswith("invalid request: glossary"), answer
+    else:
+        assert isinstance(answer["body"]["translatedText"], str) and no_surrogates(answer["body"]["translatedText"])
+    words = {w: w for w in re.findall(r"\w+", text)[:5] if no_surrogates(w)}
+    answer = post_json(client, {**NORMAL, "q": text, "format": fmt, "glossary": words, "max_length": 3})
+    assert answer["status"] == 200, answer
+
+
 JSON_VALUE = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(ANY_TEXT, children, max_size=4),
     max_leaves=20,
 )
 FIELDS = ["q", "source", "target", "format", "alternatives", "api_key", "beam_size", "max_length"]
-FIELDS += ["length_penalty", "model", "timeout", "return_scores"]
+FIELDS += ["length_penalty", "model", "timeout", "return_scores", "glossary"]
 
 
 @FUZZ
