@@ -163,7 +163,7 @@ class Translator:
 
     def masked(self, sentence: str, glossary: Glossary | None = None) -> Masked:
         """The sentence as the model reads it (`text.model_input`): with MT_MASK_SYMBOLS, what it cannot read and
-        the glossary's terms as placeholders (a glossary needs them: `check_glossary`)."""
+        the glossary's terms as placeholders (a glossary needs them: api.translate_options, `check_glossaries`)."""
         if not self.settings.mask_symbols:
             return Masked(text.model_input(sentence))
         return mask(text.model_input(sentence, keep_flags=True), self.tokenizer.readable, glossary)
@@ -346,9 +346,8 @@ class Translator:
         beams: dict[int, int] = {}
         beam = min(max(RESCUE_BEAM, options.beam_size), self.max_beam)
         wide = replace(options, beam_size=beam, alternatives=beam - 1)
-        for k, i in enumerate(indices):
-            if beam <= options.beam_size:
-                break  # no more beams than the first pass had: the same search again
+        widened = indices if beam > options.beam_size else []  # no more beams than the first pass had: no search
+        for k, i in enumerate(widened):
             try:
                 search = self.search_options(len(prepared.jobs[i]), wide)
             except (InvalidRequest, TooLarge):  # a sentence whose beams the batch limits cannot hold
