@@ -812,7 +812,7 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         "decoder_streams": decoder_streams(manifest.config, settings),  # each with its own batch, cache and threads
         "intra_op_threads": intra_op_threads(manifest.config, settings),  # per stream
         "stream_cores": list(translator.cores.streams) if translator.cores else None,  # pinned (MT_PIN_CORES)
-        "glossary_terms": {target: len(g.terms) for target, g in translator.glossaries.items()},  # MT_GLOSSARY_FILE
+        "glossary_terms": {target: len(g.given) for target, g in translator.glossaries.items()},  # MT_GLOSSARY_FILE
         "rare_letters": manifest.tokenizer.rare_letters,  # given to the model as placeholders (format 9)
         "config": manifest.config.model_dump(),
         "provenance": manifest.provenance,

@@ -115,6 +115,7 @@ TERMS = [
     ("Open Files to browse your documents.", "Files", "documents"),  # a product's name, kept as written
     ("Start Konsole in fullscreen mode.", "Konsole", "écran"),
     ("Cannot save the file.", "fichier de sauvegarde", "impossible"),
+    ("File not found.", "Fichier de sauvegarde", "trouvé"),  # a sentence's first word: upper case, both
     ("Open the Settings window.", "Réglages", "fenêtre"),
 ]
 

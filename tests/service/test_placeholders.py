@@ -60,7 +60,8 @@ def test_what_is_masked(sentence: str, read: str, runs: tuple) -> None:
 
 
 GLOSSARY = Glossary.of({"Files": "Files", "file": "document", "Visual Studio": "VS", "Visual Studio Code": "VS Code",
-                         "Zürich": "Zurich", "C++": "C++", "e\u0301tat": "state"})  # fmt: skip
+                         "Zürich": "Zurich", "C++": "C++", "e\u0301tat": "state", "zip": "archive",
+                         "Zip": "Zip"})  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -68,7 +69,8 @@ GLOSSARY = Glossary.of({"Files": "Files", "file": "document", "Visual Studio": "
     [
         ("Open the file.", "Open the %1.", (Run("%1", "file", target="document"),)),
         ("Open Files, files or a profile.", "Open %1, files or a profile.", (Run("%1", "Files", target="Files"),)),
-        ("File it.", "File it.", ()),  # its case as written; "file_" or "file2" is no whole word "file" either
+        ("File it.", "%1 it.", (Run("%1", "File", target="Document"),)),  # a sentence's first word: upper case
+        ("FILE it, Zip it.", "FILE it, %1 it.", (Run("%1", "Zip", target="Zip"),)),  # the glossary's own Zip wins
         ("The file_name and file2.", "The file_name and file2.", ()),
         ("Run Visual Studio Code, not Visual Studio.", "Run %1, not %2.",
          (Run("%1", "Visual Studio Code", target="VS Code"), Run("%2", "Visual Studio", target="VS"))),  # longest
@@ -81,7 +83,8 @@ GLOSSARY = Glossary.of({"Files": "Files", "file": "document", "Visual Studio": "
 def test_a_glossary_term_is_a_placeholder_that_comes_back_as_its_translation(
     sentence: str, read: str, runs: tuple
 ) -> None:
-    """Whole words in their case as written, the longest term first; a symbol run inside a term gives way to it
+    """Whole words in their case as written (or, for a term that begins lower case, with that letter upper case, its
+    translation's too), the longest term first; a symbol run inside a term gives way to it
     (ü is no letter `latin` reads: without the glossary Zürich would be a run of its own); a term given in another
     Unicode form (e + U+0301) matches its NFC one, as the model's input is."""
     masked = mask(sentence, lambda c: c != "ü" and latin(c), GLOSSARY)

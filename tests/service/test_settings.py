@@ -141,9 +141,11 @@ def test_a_glossary_file_the_server_can_use_is_its_models_own(model_dir: Path, t
         load_translators(settings.model_copy(update={"glossary_file": tmp_path / "none" / "glossary.json"}), Metrics())
     path.write_text('{"en": {"fr": {"Files": "Files", "file": "fichier"}}}', encoding="utf-8")
     [translator] = load_translators(settings, Metrics())
-    assert translator.glossary("fr", None).terms == {"Files": "Files", "file": "fichier"}
+    assert translator.glossary("fr", None).given == {"Files": "Files", "file": "fichier"}
+    assert translator.glossary("fr", None).terms == {"Files": "Files", "file": "fichier", "File": "Fichier"}
     merged = translator.glossary("fr", {"file": "document", "Open": "Ouvrir"})  # the request's over the server's
-    assert merged.terms == {"Files": "Files", "file": "document", "Open": "Ouvrir"}
+    assert merged.given == {"Files": "Files", "file": "document", "Open": "Ouvrir"}
+    assert merged.terms["File"] == "Document"  # the request's term's upper-case form, not the server's
     assert translator.glossary("fr", {"file": "document", "Open": "Ouvrir"}) is merged  # compiled once
     assert translator.glossary("de", None) is None
     off = settings.model_copy(update={"mask_symbols": False})
