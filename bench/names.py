@@ -9,7 +9,9 @@ server's own text path (`Translator`, its scheduler in this process), `--clients
 the folder's rare letters masked (the server's way), read by the model (the list emptied: before), the sentences
 as they were (their ASCII names), and those with a request glossary that keeps each of their names as written
 (`glossary`, {"Konsole": "Konsole", ...}). Prints, for each, how many answers hold their name exactly as written,
-BLEU and chrF against the references (the name put in them too) and the wall time.
+BLEU and chrF against the references (the name put in them too) and the wall time. Then, for each term of TERMS,
+the test and dev sentences that hold it translated with a glossary that gives it another translation, and how many
+translations hold that one.
 
     python -m bench.names                          # the default model (~10 s)
     python -m bench.names --model models/my-model  # a folder of yours, after `model_export letters`
@@ -43,6 +45,8 @@ NAMES = (
     "Kraków", "Núñez", "Bogotá", "Reykjavík", "Ørsted", "Škoda", "Žižek", "Malmö", "Gödel", "Brontë", "Citroën",
     "Łukasz", "Jürgen", "François", "Émile", "Hélène", "Ćosić", "Dušan", "Ålesund", "Nguyễn",
 )  # fmt: skip
+# terms of the test and dev sets given other translations than the model's ("fichier", "fenêtre")
+TERMS = {"file": "document", "files": "documents", "window": "panneau", "server": "serveur"}
 # a capitalised word of ASCII letters after a space, before a space or a punctuation mark
 CANDIDATE = re.compile(r"(?<=\s)[A-Z][a-z]{2,}(?=[\s,.;:!?])")
 
@@ -89,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(models_dir=args.model.parent, models=[args.model.name], engine_process=False)
     [translator] = load_translators(settings, Metrics())
     source, target = translator.source_language, translator.target_languages[0]
-    pairs = []
+    pairs, sources = [], []
     for split in ("test", "dev"):
-        sources = (args.corpus / f"{split}.{source}").read_text(encoding="utf-8").splitlines()
-        pairs += named_pairs(sources, (args.corpus / f"{split}.{target}").read_text(encoding="utf-8").splitlines())
+        lines = (args.corpus / f"{split}.{source}").read_text(encoding="utf-8").splitlines()
+        pairs += named_pairs(lines, (args.corpus / f"{split}.{target}").read_text(encoding="utf-8").splitlines())
+        sources += lines
     named = renamed(pairs, random.Random(0))
     print(headline(describe()), flush=True)
     rare = "".join(sorted(translator.tokenizer.rare_letters))
@@ -119,11 +124,22 @@ def main(argv: list[str] | None = None) -> int:
             refs = [[r for _, r, _ in chosen]]
             bleu, chrf = sacrebleu.corpus_bleu(answers, refs).score, sacrebleu.corpus_chrf(answers, refs).score
             rows.append((way, intact, bleu, chrf, seconds))
+        terms = []
+        for term, translation in TERMS.items():
+            glossary = Glossary.of({term: translation})
+            holding = [s for s in sources if glossary.spans(s)]
+            answers, _, _ = translate(translator, holding, "text", 1, args.clients, glossary)
+            wanted = [{target for _, _, target in glossary.spans(s)} for s in holding]  # Document, first
+            kept = sum(all(t in answer for t in want) for want, answer in zip(wanted, answers, strict=True))
+            terms.append((term, translation, kept, len(holding)))
     finally:
         translator.scheduler.stop()
     print("| way | names intact | BLEU | chrF | seconds |\n|---|---:|---:|---:|---:|")
     for way, intact, bleu, chrf, seconds in rows:
         print(f"| {way} | {intact} of {len(pairs)} | {bleu:.2f} | {chrf:.2f} | {seconds:.2f} |")
+    print("\n| glossary | sentences holding the term | translations holding its translation |\n|---|---:|---:|")
+    for term, translation, kept, holding in terms:
+        print(f"| {term} -> {translation} | {holding} | {kept} |")
     return 0
 
 

@@ -38,6 +38,10 @@ def test_the_three_ways_are_counted_scored_and_timed(
     ways = ["rare letters masked (the server's way)", "rare letters read by the model (before)"]
     assert [r[0] for r in rows] == [*ways, "the names as they were (ASCII)", "the ASCII names, a glossary keeping them"]
     assert all(0 <= int(intact) <= 4 and float(seconds) > 0 for _, intact, _, _, seconds in rows)
+    terms = re.findall(r"^\| (\w+) -> (\w+) \| (\d+) \| (\d+) \|$", out, re.M)
+    held = [("file", "document", 2), ("files", "documents", 0), ("window", "panneau", 0), ("server", "serveur", 0)]
+    assert [(t, d, int(n)) for t, d, n, _ in terms] == held  # "Open the file." in test and in dev
+    assert all(0 <= int(kept) <= int(n) for _, _, n, kept in terms)
 
 
 def test_the_letters_are_read_within_the_block_only(model_dir: Path) -> None:
