@@ -327,7 +327,7 @@ class Translator:
         but another does (a beam request's alternatives) gets that one first, in place."""
         missing = []
         for i, (masked, results) in enumerate(zip(prepared.masks, hypotheses, strict=True)):
-            if masked.runs and masked.restore(self.tokenizer.decode(results[0].tokens)) is None:
+            if masked.runs:
                 kept = self._restoring(masked, results, len(results))
                 if kept:
                     hypotheses[i] = kept
@@ -362,8 +362,8 @@ class Translator:
     def _restoring(self, masked: Masked, hypotheses: list[Hypothesis], count: int) -> list[Hypothesis]:
         """`count` of the hypotheses, the first that gives each of the sentence's placeholders back first; none
         when none does."""
-        decoded = [self.tokenizer.decode(h.tokens) for h in hypotheses]
-        first = next((n for n, d in enumerate(decoded) if masked.restore(d) is not None), None)
+        restored = (masked.restore(self.tokenizer.decode(h.tokens)) is not None for h in hypotheses)
+        first = next((n for n, kept in enumerate(restored) if kept), None)  # decoded one by one, up to it
         if first is None:
             return []
         return [hypotheses[first], *hypotheses[:first], *hypotheses[first + 1 :]][:count]
@@ -673,8 +673,9 @@ def check_glossaries(
             "MT_GLOSSARY_FILE needs placeholders, which MT_MASK_SYMBOLS=false turns off: unset one of them"
         )
     pairs = {(f.manifest.source_language, t) for f in folders for t in f.manifest.target_languages}
-    for source, target in sorted(set(glossaries) - pairs):
-        served = ", ".join(f"{s}->{t}" for s, t in sorted(pairs))
+    unserved = sorted(set(glossaries) - pairs)
+    if unserved:
+        (source, target), served = unserved[0], ", ".join(f"{s}->{t}" for s, t in sorted(pairs))
         raise SettingsError(
             f"MT_GLOSSARY_FILE={str(settings.glossary_file)!r}: {source}->{target}: no loaded model translates "
             f"{source} into {target} (loaded: {served}); fix the language codes or load a model for them"

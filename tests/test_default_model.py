@@ -81,12 +81,17 @@ SYMBOLS = [
 ]
 
 
+def translations(client: TestClient, cases: list[tuple[str, str, str]], **fields: object) -> list[tuple[str, ...]]:
+    """Each case (English, what comes back, a French word) with its translation, the cases sent as one request."""
+    body = {"q": [english for english, _, _ in cases], "source": "en", "target": "fr", **fields}
+    texts = client.post("/translate", json=body).json()["translatedText"]
+    return [(*case, french) for case, french in zip(cases, texts, strict=True)]
+
+
 def test_symbols_come_back_and_the_sentence_around_them_is_translated(client: TestClient) -> None:
     """MT_MASK_SYMBOLS (on): the model reads %1 where the symbol was. Read as they were (off), 9 of these 10 lost
     their symbol and most their sentence ("Save the file 🙂 now." -> "Enregistre le fichier de retour séviter ...")."""
-    q = [english for english, _, _ in SYMBOLS]
-    texts = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["translatedText"]
-    for (english, symbol, word), french in zip(SYMBOLS, texts, strict=True):
+    for english, symbol, word, french in translations(client, SYMBOLS):
         assert french.count(symbol) == 1 and word in french.lower() and "%1" not in french, (english, french)
 
 
@@ -104,9 +109,7 @@ def test_names_with_letters_its_sources_hardly_held_come_back_as_written(client:
     """The manifest's rare letters (format 9): a word that holds one is a placeholder. Read by the model, 5 of these 6
     names were lost: "Sauvéren ouvert le fichier.", "vers Dvoák.", "dans Troms est inférieur à la fin.", "La office
     dans séloignée s'est fermée.", "5 s'est séparations" (python -m bench.names: 150 of 156 intact against 54)."""
-    q = [english for english, _, _ in NAMES]
-    texts = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["translatedText"]
-    for (english, name, word), french in zip(NAMES, texts, strict=True):
+    for english, name, word, french in translations(client, NAMES):
         assert french.count(name) == 1 and word in french.lower() and "%1" not in french, (english, french)
 
 
@@ -123,10 +126,7 @@ TERMS = [
 def test_a_glossarys_terms_come_back_as_its_translations(client: TestClient) -> None:
     """Each term goes to the model as a placeholder, which it copies, and comes back as the glossary says; the
     sentence around it is the model's."""
-    q = [english for english, _, _ in TERMS]
-    body = {"q": q, "source": "en", "target": "fr", "glossary": GLOSSARY}
-    texts = client.post("/translate", json=body).json()["translatedText"]
-    for (english, term, word), french in zip(TERMS, texts, strict=True):
+    for english, term, word, french in translations(client, TERMS, glossary=GLOSSARY):
         assert french.count(term) == 1 and word in french.lower() and "%" not in french, (english, french)
 
 
@@ -159,9 +159,7 @@ def test_the_servers_glossary_file_applies_to_a_request_that_sends_none(tmp_path
     path = tmp_path / "glossary.json"
     path.write_text(json.dumps({"en": {"fr": GLOSSARY}}), encoding="utf-8")
     with TestClient(create_app(Settings(intra_op_threads=1, glossary_file=path))) as server:
-        q = [english for english, _, _ in TERMS]
-        texts = server.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["translatedText"]
-        for (english, term, _), french in zip(TERMS, texts, strict=True):
+        for english, term, _, french in translations(server, TERMS):
             assert french.count(term) == 1 and "%" not in french, (english, french)
         body = {"q": "Open the Settings window.", "target": "fr", "glossary": {"Settings": "Préférences"}}
         assert "Préférences" in server.post("/translate", json=body).json()["translatedText"]
