@@ -88,7 +88,8 @@ class StaticBatches:
 
     def __init__(self, folder_path: Path, variant: str | None, threads: int, streams: int = 1) -> None:
         folder = load_model_folder(folder_path)
-        self.runtime = OnnxRuntime(folder, variant, SessionSettings(intra_op_threads=max(1, threads // streams)))
+        settings = SessionSettings(intra_op_threads=max(1, threads // streams), dense_step=True)  # static batches
+        self.runtime = OnnxRuntime(folder, variant, settings)
         self.tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.target = folder.manifest.target_languages[0]

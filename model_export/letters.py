@@ -19,8 +19,9 @@ from model_export.errors import ExportError
 from model_export.export import write_manifest
 from service.model_folder import FORMAT_VERSION, MANIFEST, load_model_folder
 
-#: The graphs of format 9 are format 8's: a folder of format 8 takes the letters as it is.
-GRAPHS_OF = FORMAT_VERSION - 1
+#: The graphs of formats 9 and 10 are format 8's (10 adds an optional graph): a folder of format 8 takes the letters
+#: as it is.
+GRAPHS_OF = 8
 
 
 def add_rare_letters(folder_path: Path, sources: Path, fewer_than: int, share: float) -> str:

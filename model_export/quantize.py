@@ -7,6 +7,10 @@ MatMulNBits nodes over 8-bit weights (or 4-bit: SINGLE_ROW_BLOCKS) quantized in 
 kernel reads them faster than DynamicQuantizeMatMul's (a greedy step at batch 1: the default model's graph 233 ->
 179 us at 8 bits, the paper-size model's 4.7 -> 3.0 ms); from a few rows up it is slower, so the server runs it
 for one row, or up to four on a decoder whose weights stream from memory (service/translator.py, single_row_rows).
+And the step graph for static batches (format 10, `decoder_step_dense`): the int8 step graph with its
+self-attention over the whole time axis of a cache as long as its rows (to_dense_self_attention), which the
+runtime opens in place of the step graph where every batch runs to completion (the static mode, the offline
+evaluation, bench.engine).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ EMBEDDING_TABLES = {
     "decoder_step": "tgt_embed.lut_quantized",
     "decoder_step_ragged": "tgt_embed.lut_quantized",
     "decoder_step_single": "tgt_embed.lut_quantized",
+    "decoder_step_dense": "tgt_embed.lut_quantized",
 }
 SHARED_EMBEDDINGS_FILE = "embeddings.int8.bin"
 SINGLE_ROW_FILE = "decoder_step_single.int8.onnx"
@@ -39,6 +44,7 @@ SINGLE_ROW_FILE = "decoder_step_single.int8.onnx"
 # products alone at one row 289 -> 196 us. On the tiny test model 4 bits are too coarse (greedy's first tokens
 # matched fp32's in 2 of 8 sentences, against 5+ at 8 bits), hence not the default for every folder.
 SINGLE_ROW_BLOCKS = {8: 128, 4: 32}
+DENSE_FILE = "decoder_step_dense.int8.onnx"
 
 
 def int8_name(file_name: str) -> str:
@@ -137,6 +143,90 @@ def single_row_graph(source: Path, target: Path, per_channel: bool, embeddings: 
     onnx.save(model, target)
 
 
+def to_dense_self_attention(model: onnx.ModelProto) -> int:
+    """Every self-attention GroupQueryAttention node (the one reading self_key_i) becomes a ScatterND per cache, which
+    writes the row's new key and value at slot `seqlens_k` (= positions), and a MultiHeadAttention over the whole
+    time axis, the slots past each row's own masked (format 10, `decoder_step_dense`). The same inputs, outputs and
+    results; bound in place (present_key_i on self_key_i's memory), the ScatterND copies nothing (ONNX Runtime's
+    kernel copies its input only into other memory). For static batches, whose rows all have the same length and
+    whose cache's time axis is the rows' own (a dense cache: service/kv_cache.py): ONNX Runtime's CPU
+    GroupQueryAttention spends ~2.4 us on each (row, head) of 29 cached steps, its MultiHeadAttention half that (the
+    paper-size model at 16 rows: 298 against 171 us a layer, at 64 rows 1,303 against 683). Over a reserved or
+    ragged time axis it would read every slot: the server's continuous batches keep GroupQueryAttention. Returns how
+    many nodes it replaced."""
+    graph = model.graph
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention" and n.input[3].startswith("self_key_")]
+    if not attention:
+        return 0
+    heads = next(a.i for a in attention[0].attribute if a.name == "num_heads")
+    cache = next(i for i in graph.input if i.name == attention[0].input[3])  # (B, H, T, Dh)
+    head_dim = cache.type.tensor_type.shape.dim[3].dim_value
+    constants = {
+        "dense.zero": np.array(0, np.int64), "dense.one": np.array(1, np.int64),
+        "dense.axis_0": np.array([0], np.int64), "dense.axis_1": np.array([1], np.int64),
+        "dense.axes_12": np.array([1, 2], np.int64),
+        "dense.time_axis": np.array([2], np.int64), "dense.heads_1": np.array([heads, 1], np.int64),
+        "dense.head_ids": np.arange(heads, dtype=np.int64).reshape(1, heads, 1),  # (1, H, 1)
+        "dense.row_shape": np.array([-1, heads, head_dim], np.int64),
+        "dense.qkv_parts": np.array([heads * head_dim] * 3, np.int64),
+    }
+    graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in constants.items())
+    node = helper.make_node
+    shared = [  # once per step: where each row writes, and which slots it attends
+        node("Shape", ["seqlens_k"], ["dense.rows_1"]),  # (1,) = [B]
+        node("Squeeze", ["dense.rows_1", "dense.axis_0"], ["dense.rows"]),  # ()
+        node("Cast", ["seqlens_k"], ["dense.slot"], to=onnx.TensorProto.INT64),  # (B,) each row's new slot
+        node("Range", ["dense.zero", "dense.rows", "dense.one"], ["dense.row_ids"]),  # (B,)
+        node("Concat", ["dense.rows_1", "dense.heads_1"], ["dense.index_shape"], axis=0),  # (3,) = [B, H, 1]
+        node("Unsqueeze", ["dense.row_ids", "dense.axes_12"], ["dense.row_col"]),  # (B, 1, 1)
+        node("Unsqueeze", ["dense.slot", "dense.axes_12"], ["dense.slot_col"]),  # (B, 1, 1)
+        node("Expand", ["dense.row_col", "dense.index_shape"], ["dense.index_row"]),  # (B, H, 1)
+        node("Expand", ["dense.head_ids", "dense.index_shape"], ["dense.index_head"]),  # (B, H, 1)
+        node("Expand", ["dense.slot_col", "dense.index_shape"], ["dense.index_slot"]),  # (B, H, 1)
+        node(
+            "Concat", ["dense.index_row", "dense.index_head", "dense.index_slot"], ["dense.index"], axis=-1
+        ),  # (B, H, 3): (row, head, slot) of each new key and value
+        node("Shape", [cache.name], ["dense.cache_shape"]),  # (4,)
+        node("Gather", ["dense.cache_shape", "dense.time_axis"], ["dense.slots_1"], axis=0),  # (1,) = [T]
+        node("Squeeze", ["dense.slots_1", "dense.axis_0"], ["dense.slots"]),  # ()
+        node("Range", ["dense.zero", "dense.slots", "dense.one"], ["dense.slot_ids"]),  # (T,)
+        node("Unsqueeze", ["dense.slot_ids", "dense.axis_0"], ["dense.slot_row"]),  # (1, T)
+        node("Unsqueeze", ["dense.slot", "dense.axis_1"], ["dense.last_col"]),  # (B, 1)
+        node("LessOrEqual", ["dense.slot_row", "dense.last_col"], ["dense.attended"]),  # (B, T) its slots and the new
+        node("Cast", ["dense.attended"], ["dense.key_mask"], to=onnx.TensorProto.INT32),  # (B, T) 1 where attended
+    ]
+    nodes, replaced = [], {id(n) for n in attention}
+    for old in graph.node:
+        if id(old) not in replaced:
+            nodes.append(old)
+            continue
+        packed, past_key, past_value = old.input[0], old.input[3], old.input[4]  # (B, 1, 3D), (B, H, T, Dh) twice
+        context, present_key, present_value = old.output
+        p = f"dense.{past_key}"
+        nodes += [
+            node("Split", [packed, "dense.qkv_parts"], [f"{p}.q", f"{p}.k", f"{p}.v"], axis=-1),  # (B, 1, D) each
+            node("Reshape", [f"{p}.k", "dense.row_shape"], [f"{p}.k_heads"]),  # (B, H, Dh)
+            node("Reshape", [f"{p}.v", "dense.row_shape"], [f"{p}.v_heads"]),  # (B, H, Dh)
+            node("ScatterND", [past_key, "dense.index", f"{p}.k_heads"], [present_key]),  # (B, H, T, Dh) in place
+            node("ScatterND", [past_value, "dense.index", f"{p}.v_heads"], [present_value]),  # (B, H, T, Dh)
+            node(
+                "MultiHeadAttention", [f"{p}.q", present_key, present_value, "", "dense.key_mask"], [context],
+                domain=graph_io.CONTRIB_DOMAIN, num_heads=heads, scale=1.0,  # Q comes pre-scaled by 1/sqrt(d_k)
+            ),  # (B, 1, D)
+        ]
+    del graph.node[:]
+    graph.node.extend(shared + nodes)
+    return len(attention)
+
+
+def dense_step_graph(source: Path, target: Path) -> None:
+    """The int8 step graph -> the int8 step graph for static batches (to_dense_self_attention)."""
+    model = onnx.load(source)
+    if not to_dense_self_attention(model):
+        raise ValueError(f"{source}: no self-attention GroupQueryAttention node to rewrite")
+    onnx.save(model, target)
+
+
 def add_int8_variant(
     folder_path: Path,
     per_channel: bool = True,
@@ -145,7 +235,8 @@ def add_int8_variant(
     single_row_bits: int = 8,
 ) -> dict:
     """Quantizes the fp32 graphs into *.int8.onnx files, adds the step graph for one row (format 6; its weights
-    `single_row_bits` bits: SINGLE_ROW_BLOCKS), and adds variant 'int8' to the manifest."""
+    `single_row_bits` bits: SINGLE_ROW_BLOCKS) and the one for static batches (format 10, to_dense_self_attention),
+    and adds variant 'int8' to the manifest."""
     folder, manifest, variant = fp32_copy(folder_path, "int8", "quantize")
     step = folder.file(variant["decoder_step"]["file"])  # fp32
     for graph in variant_graphs(variant):
@@ -154,6 +245,8 @@ def add_int8_variant(
         variant[graph]["file"] = name
     single_row_graph(step, folder_path / SINGLE_ROW_FILE, per_channel, embeddings, single_row_bits)
     variant["decoder_step_single"] = {**variant["decoder_step"], "file": SINGLE_ROW_FILE}  # the same inputs, outputs
+    dense_step_graph(folder_path / variant["decoder_step"]["file"], folder_path / DENSE_FILE)
+    variant["decoder_step_dense"] = {**variant["decoder_step"], "file": DENSE_FILE}  # format 10; the same contract
     manifest["format_version"] = max(manifest["format_version"], graph_io.FORMAT_VERSION)  # a reader of format 6 on
     shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one
     variant["shared_initializers"] = shared

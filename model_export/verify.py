@@ -22,11 +22,12 @@ from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
 from service.kv_cache import DecoderCache
 from service.model_folder import ModelFolder, load_model_folder
-from service.runtime import OnnxRuntime
+from service.runtime import OnnxRuntime, SessionSettings
 from service.tokenizer import Tokenizer
 
 SHAPES = ((1, 1, 4), (3, 7, 6), (5, 12, 9))  # (batch, longest source, decoder steps)
-STEP_GRAPHS = ("decoder_step", "decoder_step_ragged", "decoder_step_single")  # the VariantSpec fields verify runs
+# the VariantSpec fields verify runs (the dense one in a runtime of its own: OnnxRuntime opens it in the step's place)
+STEP_GRAPHS = ("decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense")
 DEFAULT_TOLERANCE = 1e-4  # |log p| of an fp32 graph against PyTorch: summation order only (the CLI's --tolerance)
 # A variant of lower precision is held to its own tolerance, |log p| against PyTorch in float32 over the whole
 # vocabulary (its least likely tokens move most), and its greedy choices to within twice that of the reference's best
@@ -110,8 +111,8 @@ class PinnedRuntime(OnnxRuntime):
     each graph is checked on its own (the server picks among them per step: OnnxRuntime._step_graph). One runtime,
     its sessions opened once, serves every graph of its variant."""
 
-    def __init__(self, folder: ModelFolder, variant: str) -> None:
-        super().__init__(folder, variant)
+    def __init__(self, folder: ModelFolder, variant: str, dense: bool = False) -> None:
+        super().__init__(folder, variant, SessionSettings(dense_step=dense))
         self.folder, self.variant, self.pinned = folder, variant, "decoder_step"
 
     def pin(self, graph: str) -> None:
@@ -261,5 +262,7 @@ def verify_folder(
     for name in variants:
         spec, runtime = folder.variant(name), PinnedRuntime(folder, name)
         graphs = [graph for graph in STEP_GRAPHS if getattr(spec, graph) is not None]
-        reports += [check_graph(model, runtime, name, graph, seed, tolerance) for graph in graphs]
+        for graph in graphs:
+            checked = PinnedRuntime(folder, name, dense=True) if graph == "decoder_step_dense" else runtime
+            reports.append(check_graph(model, checked, name, graph, seed, tolerance))
     return VerifyReport(tuple(reports), len(SHAPES))

@@ -73,16 +73,22 @@ class DecoderCache:
         xp: ArrayModule = np,
         bound_copies: bool = False,
         reserve: int | None = None,
+        dense: bool = False,
     ) -> None:
         """`dtype`: the graphs' cache dtype (float16 for the fp16 variant); `xp`: the module the four buffers live
         in, numpy (host memory) or CuPy (GPU memory, for a step graph that runs on CUDA). The small per-row index
         arrays are numpy either way: the runtime binds them as host inputs. `bound_copies`: a runtime's binding
         holds copies of the host arrays, made when they were bound (ONNX Runtime on CUDA), so that an array changed
         in place (a newcomer written into a finished row's place) drops it too. `reserve`: host self-attention
-        buffers of that many time slots, as address space (see the module's docstring); None: grown as rows need."""
+        buffers of that many time slots, as address space (see the module's docstring); None: grown as rows need.
+        `dense`: for a step graph whose self-attention reads every slot of the time axis, masking those past each
+        row's own (format 10's dense step graph): the axis grows as rows need, and every slot a row has not written
+        reads as zeros or as what an earlier row wrote there, never as uninitialised memory (whose NaNs a masked
+        score would still carry into the softmax)."""
         self.n_layers, self.n_heads, self.head_dim, self.xp = n_layers, n_heads, head_dim, xp
         self.bound_copies = bound_copies
-        self.reserved = reserve is not None and xp is np and not _refused
+        self.dense = dense
+        self.reserved = reserve is not None and xp is np and not _refused and not dense
         self._written = 0  # slots the rows have written since the last release (reserved buffers)
         time = reserve if self.reserved else MIN_CAPACITY
         self._store = {  # per layer (R, H, T, Dh) for rows, (R', H, S, Dh) for sentences; past the live ones: free
@@ -409,7 +415,9 @@ class DecoderCache:
             written, lazy = int(self.lengths.max(initial=0)), self.reserved
             try:
                 for i in range(len(store)):
-                    store[i] = resized(store[i], rows, time, live, self.xp, zeroed=False, written=written, lazy=lazy)
+                    store[i] = resized(
+                        store[i], rows, time, live, self.xp, zeroed=self.dense, written=written, lazy=lazy
+                    )
             except OSError as error:  # mmap's: the kernel refused the address space
                 if not lazy:
                     raise

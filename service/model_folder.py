@@ -27,14 +27,16 @@ FORMAT = "transformer-mt-model"
 # (`decoder_step_single`, optional, int8 variants); 7: GroupQueryAttention's lengths given (`seqlens_k`,
 # `total_sequence_length`); 8: the step graphs' `log_softmax` input says whether to normalise the distribution
 # (the fp16 variant's step graph, for GPUs, always does and has no such input); 9: the tokenizer may name the
-# letters the model's training sources held too seldom for it to read (`rare_letters`, optional). model_export writes
+# letters the model's training sources held too seldom for it to read (`rare_letters`, optional); 10: a fourth step
+# graph, for static batches, whose self-attention reads the whole time axis of a cache as long as its rows
+# (`decoder_step_dense`, optional, int8 variants; model_export/quantize.py). model_export writes
 # FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on (service/runtime.py:
 # step_candidates, OnnxRuntime).
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 OLDEST_FORMAT_VERSION = 3
-# a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5)
-# and one-row (format 6) step graphs
-GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single")
+# a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5),
+# one-row (format 6) and dense (format 10) step graphs
+GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense")
 ORT_DTYPES = {
     "tensor(float)": "float32",
     "tensor(float16)": "float16",
@@ -80,7 +82,9 @@ class SharedInitializer(_Strict):
     file: str
     dtype: Literal["uint8", "int8", "float32"]
     shape: list[int]
-    names: dict[Literal["encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single"], str]
+    names: dict[
+        Literal["encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense"], str
+    ]
 
 
 class VariantSpec(_Strict):
@@ -89,6 +93,7 @@ class VariantSpec(_Strict):
     decoder_step: GraphSpec
     decoder_step_ragged: GraphSpec | None = None  # format 5: the step for batches whose sentences have one row each
     decoder_step_single: GraphSpec | None = None  # format 6: the step for one row (the step graph's inputs and outputs)
+    decoder_step_dense: GraphSpec | None = None  # format 10: the step for static batches (the same contract)
     shared_initializers: list[SharedInitializer] = []
 
 

@@ -44,6 +44,9 @@ class SessionSettings:
     single_row_step: bool = True  # open the folder's step graph for one row (format 6), if it has one (CPU only)
     single_row_rows: int = 1  # ... and run it for steps of at most this many rows (the server decides by the
     # decoder's size: service/translator.py, single_row_rows)
+    dense_step: bool = False  # open the folder's step graph for static batches (format 10), if it has one, in place
+    # of the step graph; this runtime's caches then grow with their rows (dense). For runtimes whose every batch runs
+    # to completion (service/translator.py: static batching; the offline evaluation; bench.engine)
     shared_arena: bool = True  # CPU sessions draw on one process-wide arena (share_cpu_arena), not one each
     profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON files named so (bench/step.py)
 
@@ -80,7 +83,7 @@ class Binding:
 
     full: bool  # log_probs bound too
     width: int  # candidates per row the graph returns, the banned ids among them
-    graph: str  # the step graph bound: decoder_step, decoder_step_ragged or decoder_step_single
+    graph: str  # the step graph bound: decoder_step (or the dense one in its place), _ragged or _single
     binding: StepBinding
     input_ids: np.ndarray  # (B,) bound; each step copies its tokens in
     outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, width)[, log_probs (B, V)], bound
@@ -365,7 +368,10 @@ class OnnxRuntime:
         encoder_settings = replace(settings, intra_op_threads=settings.encoder_threads or settings.intra_op_threads)
         self.encoder = open_session(folder, spec.encoder, encoder_settings, self.shared["encoder"])
         release_freed_memory()
-        self.decoder = open_session(folder, spec.decoder_step, settings, self.shared["decoder_step"])
+        dense = spec.decoder_step_dense if settings.dense_step else None  # format 10, and wanted
+        self.dense = dense is not None  # see new_cache
+        step, shared = (dense, "decoder_step_dense") if dense is not None else (spec.decoder_step, "decoder_step")
+        self.decoder = open_session(folder, step, settings, self.shared[shared])
         release_freed_memory()
         ragged = spec.decoder_step_ragged if settings.ragged_step else None  # format 5, and wanted
         self.ragged: ort.InferenceSession | None = None
@@ -387,9 +393,10 @@ class OnnxRuntime:
             release_freed_memory()
         self._single_rows = settings.single_row_rows
         self.steps = {
-            "decoder_step": self.decoder,
+            "decoder_step": self.decoder,  # the dense one, when it was opened in its place
             "decoder_step_ragged": self.ragged,
             "decoder_step_single": self.single,
+            "decoder_step_dense": self.decoder if self.dense else None,
         }
         enc, dec = spec.encoder, spec.decoder_step
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
@@ -408,15 +415,18 @@ class OnnxRuntime:
         self._dec_log_softmax = dec.one("log_softmax") if dec.named("log_softmax") else None  # format 8, not fp16
         self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
         self.gpu = gpu_array_module(self.providers, self.cache_dtype, self._dec_lengths is not None, folder.path)
-        self._reserve = cfg.max_positions if self.providers == ["CPUExecutionProvider"] else None  # see new_cache
+        self._reserve = cfg.max_positions if on_cpu and not self.dense else None  # see new_cache
 
     def new_cache(self) -> DecoderCache:
         """On the CPU provider the cache reserves its self-attention's time axis, as long as the model's positions,
         as address space (service/kv_cache.py: no regrowths); a cache beside CUDA nodes grows it as rows need (a host
-        cache bound to them is copied when it is bound, and the reservation was measured on the CPU only)."""
+        cache bound to them is copied when it is bound, and the reservation was measured on the CPU only). Beside
+        the dense step graph (format 10), whose self-attention reads every slot of the time axis, the axis grows
+        with the rows and is zeroed past what they wrote (`dense`): a static batch's rows all have the same length."""
         xp = self.gpu or np
         return DecoderCache(
-            self.n_layers, self.n_heads, self.head_dim, self.cache_dtype, xp, self._rebind_host_inputs, self._reserve
+            self.n_layers, self.n_heads, self.head_dim, self.cache_dtype, xp, self._rebind_host_inputs, self._reserve,
+            dense=self.dense,
         )
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:

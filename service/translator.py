@@ -544,11 +544,16 @@ def single_row_rows(cfg: Architecture) -> int:
 
 def step_graph_options(folder: ModelFolder, variant: str, settings: Settings) -> dict[str, bool | int]:
     """SessionSettings' step-graph fields as the server sets them (open_runtime; bench.engine measures the same):
-    the ragged graph (ragged_step), the one-row graph (MT_SINGLE_ROW_STEP) for steps of up to single_row_rows."""
+    the ragged graph (ragged_step), the one-row graph (MT_SINGLE_ROW_STEP) for steps of up to single_row_rows, and
+    under static batching the dense step graph (format 10) in place of the step graph: a static batch's rows all
+    have the same length, which its self-attention reads faster (model_export/quantize.py, to_dense_self_attention);
+    a continuous batch's rows each have their own, which the step graph reads alone, over a cache that reserves its
+    time axis."""
     return {
         "ragged_step": ragged_step(ragged_graph_bytes(folder, variant), settings),
         "single_row_step": settings.single_row_step,
         "single_row_rows": single_row_rows(folder.manifest.config),
+        "dense_step": settings.batching == "static",
     }
 
 
@@ -558,7 +563,8 @@ def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
     before format 6, the command that adds the one-row graph."""
     name = chosen_variant(folder, settings)
     variant = folder.variant(name)
-    graphs = ["step"]
+    dense = variant.decoder_step_dense is not None and step_graph_options(folder, name, settings)["dense_step"]
+    graphs = ["dense step (static batches)" if dense else "step"]
     if ragged_step(ragged_graph_bytes(folder, name), settings):
         graphs.append("ragged")
     wanted = settings.single_row_step and not cuda_present(settings)  # CUDA asked for but absent: the CPU's graphs

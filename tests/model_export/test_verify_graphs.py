@@ -87,12 +87,22 @@ def test_every_step_graph_of_every_variant_is_run(quantized: Path, checkpoint: C
     assert checked == [
         ("fp32", "decoder_step"), ("fp32", "decoder_step_ragged"),
         ("int8", "decoder_step"), ("int8", "decoder_step_ragged"), ("int8", "decoder_step_single"),
+        ("int8", "decoder_step_dense"),
     ]  # fmt: skip
     assert report.ok and report.max_abs_diff < 1e-4 and report.failed() == []
     int8 = [g for g in report.graphs if g.variant == "int8"]
     assert all(g.tolerance is not None and 1e-4 < g.max_abs_diff <= g.tolerance for g in int8)  # really quantized
     fp32 = verify_folder(quantized, checkpoint, "fp32")
     assert [g.graph for g in fp32.graphs] == ["decoder_step", "decoder_step_ragged"]
+
+
+def test_a_broken_dense_step_graph_fails_and_is_named(quantized: Path, checkpoint: Checkpoint, tmp_path: Path) -> None:
+    """The dense step graph (format 10) runs in a runtime of its own, in the step graph's place: a fault in it is
+    its own, not the step graph's."""
+    folder = Path(shutil.copytree(quantized, tmp_path / "q"))
+    alter_weight(folder, "decoder_step_dense.int8.onnx", "generator.bias", shifted)
+    report = verify_folder(folder, checkpoint, "int8")
+    assert report.failed() == ["int8 decoder_step_dense"]
 
 
 def test_a_broken_one_row_graph_fails_and_is_named(quantized: Path, checkpoint: Checkpoint, tmp_path: Path) -> None:
@@ -113,7 +123,8 @@ def test_an_int8_default_variant_passes_a_plain_verify(
     args = ["verify", "--checkpoint", str(checkpoint_path), "--model-dir", str(folder)]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert out.startswith("5 step graphs reproduce the checkpoint") and "int8 decoder_step_single: " in out
+    assert out.startswith("6 step graphs reproduce the checkpoint") and "int8 decoder_step_single: " in out
+    assert "int8 decoder_step_dense: " in out
     assert main([*args, "--variant", "int8"]) == 0
     assert main([*args, "--tolerance", "1e-12"]) == EXIT_BAD_INPUT
     capsys.readouterr()

@@ -433,6 +433,71 @@ def test_a_step_of_one_row_runs_the_step_graph_for_one_row(quantized: Path) -> N
     assert open_runtime(folder, off).single is None and open_runtime(folder, on).single is not None
 
 
+def test_the_dense_step_graph_gives_the_step_graphs_results_over_a_cache_as_long_as_its_rows(quantized: Path) -> None:
+    """Format 10: with dense_step (static batching) the int8 variant's decoder_step_dense runs in the step graph's
+    place: its self-attention a ScatterND of each row's new key and value into the cache (in place) and a
+    MultiHeadAttention over the whole time axis, the slots past each row's own masked. Rows at different lengths
+    (sentences joining late, beams taking their parents' rows, a sentence leaving) give the step graph's ids and
+    log-probs; the cache grows its time axis and holds no uninitialised slot (the NaN the test fixture puts in
+    every unwritten slot of a grown buffer would reach the outputs through the masked scores); each row's new key
+    is written at its own slot."""
+    folder = load_model_folder(quantized)
+    steps = {"single_row_step": False, "ragged_step": False}  # the step graph at every step, on both sides
+    dense = OnnxRuntime(folder, "int8", SessionSettings(dense_step=True, **steps))
+    plain = OnnxRuntime(folder, "int8", SessionSettings(**steps))
+    assert dense.dense and dense.steps["decoder_step_dense"] is dense.decoder and not plain.dense
+    cfg = folder.manifest.config
+    rng = np.random.default_rng(12)
+    caches = {"dense": dense.new_cache(), "plain": plain.new_cache()}
+    assert caches["dense"].dense and not caches["dense"].reserved and caches["plain"].reserved
+    runtimes = {"dense": dense, "plain": plain}
+    for t in range(MIN_CAPACITY + 6):  # past the first time axis: a regrowth, zeroed
+        if t in (0, 3, 9):  # sentences join: rows at different lengths from here on
+            mask = np.arange(7)[None] < np.array({0: [7, 4], 3: [5], 9: [6, 2]}[t])[:, None]  # (b, 7)
+            src = np.where(mask, rng.integers(4, cfg.src_vocab_size, mask.shape), cfg.pad_id)
+            for name, cache in caches.items():
+                memory = runtimes[name].encode(src, mask)
+                cache.add(memory.keys, memory.values, mask)
+        if t == 5:  # the second sentence's row becomes two beams, the first's row moves
+            for cache in caches.values():
+                cache.select(np.array([0, 1, 1, 2]))
+        if t == 11:  # the first sentence leaves
+            for cache in caches.values():
+                cache.select(np.array([1, 2, 3, 4, 5]))
+        tokens = rng.integers(4, cfg.tgt_vocab_size, caches["dense"].rows)
+        slots = caches["dense"].lengths.copy()  # (B,) where each row writes this step
+        out = {name: runtimes[name].step(tokens, cache, full=True, candidates=4) for name, cache in caches.items()}
+        assert caches["dense"].bound.graph == "decoder_step"  # the dense session, opened in the step graph's place
+        assert np.isfinite(out["dense"].log_probs).all()
+        np.testing.assert_array_equal(out["dense"].top_ids, out["plain"].top_ids)
+        np.testing.assert_allclose(out["dense"].log_probs, out["plain"].log_probs, rtol=0, atol=1e-4)
+        rows = np.arange(len(slots))
+        for mine, theirs in zip(caches["dense"].self_keys, caches["plain"].self_keys, strict=True):
+            np.testing.assert_allclose(mine[rows, :, slots], theirs[rows, :, slots], rtol=0, atol=1e-5)
+    assert caches["dense"].capacity > MIN_CAPACITY
+    static = Settings(variant="int8", batching="static")
+    assert not open_runtime(folder, Settings(variant="int8")).dense  # continuous batching: a reserved cache
+    assert open_runtime(folder, static).dense
+    assert step_graphs(folder, static)[0] == "dense step (static batches)"
+    assert not OnnxRuntime(folder, "fp32", SessionSettings(dense_step=True)).dense  # fp32 has none: the step graph
+
+
+def test_static_batches_on_the_dense_step_graph_decode_as_on_the_step_graph(quantized: Path) -> None:
+    """decode_batch, greedy and beam, sources of different lengths: the same hypotheses and scores either way."""
+    folder = load_model_folder(quantized)
+    dense, plain = OnnxRuntime(folder, "int8", SessionSettings(dense_step=True)), OnnxRuntime(folder, "int8")
+    ids = folder.manifest.special_ids
+    rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
+    rng = np.random.default_rng(4)
+    sources = [rng.integers(4, 90, n).tolist() + [ids.eos] for n in (3, 11, 6, 8)]
+    for beam in (1, 4):
+        options = [SearchOptions(beam_size=beam, max_new_tokens=24, n_best=beam)] * len(sources)
+        got, expected = decode_batch(dense, sources, options, rules), decode_batch(plain, sources, options, rules)
+        for mine, theirs in zip(got, expected, strict=True):
+            assert [h.tokens for h in mine] == [h.tokens for h in theirs]
+            np.testing.assert_allclose([h.score for h in mine], [h.score for h in theirs], atol=1e-4)
+
+
 def test_greedy_decoding_of_one_sentence_through_the_single_row_graph_stays_close_to_fp32(quantized: Path) -> None:
     """Whole searches of one sentence (every step one row) against fp32's: the same first tokens for most
     sentences of the tiny model, and each hypothesis's score within int8's error."""
