@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# The dense step graph's fewest rows: below them its ~30 more small nodes a step cost more than its self-attention
+# saves (the default model, int8, one thread, 8-32 slots, dense ÷ step graph: 1.05x the time a step at 1 row, 1.11x
+# at 2, 1.13x at 4, 0.96x at 8, 0.93x at 16, 0.84x at 32)
+DENSE_STEP_ROWS = 8
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
@@ -45,8 +51,10 @@ class SessionSettings:
     single_row_rows: int = 1  # ... and run it for steps of at most this many rows (the server decides by the
     # decoder's size: service/translator.py, single_row_rows)
     dense_step: bool = False  # open the folder's step graph for static batches (format 10), if it has one, in place
-    # of the step graph; this runtime's caches then grow with their rows (dense). For runtimes whose every batch runs
-    # to completion (service/translator.py: static batching; the offline evaluation; bench.engine)
+    # of the ragged one, for steps of at least dense_step_rows rows; this runtime's caches then grow with their rows
+    # (dense). For runtimes whose every batch runs to completion (service/translator.py: static batching; the
+    # offline evaluation; bench.engine)
+    dense_step_rows: int = DENSE_STEP_ROWS
     shared_arena: bool = True  # CPU sessions draw on one process-wide arena (share_cpu_arena), not one each
     profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON files named so (bench/step.py)
 
@@ -83,7 +91,7 @@ class Binding:
 
     full: bool  # log_probs bound too
     width: int  # candidates per row the graph returns, the banned ids among them
-    graph: str  # the step graph bound: decoder_step (or the dense one in its place), _ragged or _single
+    graph: str  # the step graph bound: decoder_step, decoder_step_ragged, _single or _dense
     binding: StepBinding
     input_ids: np.ndarray  # (B,) bound; each step copies its tokens in
     outputs: tuple[np.ndarray, ...]  # top_log_probs, top_ids (B, width)[, log_probs (B, V)], bound
@@ -368,12 +376,18 @@ class OnnxRuntime:
         encoder_settings = replace(settings, intra_op_threads=settings.encoder_threads or settings.intra_op_threads)
         self.encoder = open_session(folder, spec.encoder, encoder_settings, self.shared["encoder"])
         release_freed_memory()
-        dense = spec.decoder_step_dense if settings.dense_step else None  # format 10, and wanted
+        cpu_only = "CUDAExecutionProvider" not in settings.providers  # (the dense graph was measured on CPUs only)
+        dense = spec.decoder_step_dense if settings.dense_step and cpu_only else None  # format 10, and wanted
         self.dense = dense is not None  # see new_cache
-        step, shared = (dense, "decoder_step_dense") if dense is not None else (spec.decoder_step, "decoder_step")
-        self.decoder = open_session(folder, step, settings, self.shared[shared])
+        self.decoder = open_session(folder, spec.decoder_step, settings, self.shared["decoder_step"])
         release_freed_memory()
-        ragged = spec.decoder_step_ragged if settings.ragged_step else None  # format 5, and wanted
+        self.dense_decoder: ort.InferenceSession | None = None
+        if dense is not None:
+            self.dense_decoder = open_session(folder, dense, settings, self.shared["decoder_step_dense"])
+            release_freed_memory()
+        self._dense_rows = settings.dense_step_rows
+        # the ragged graph serves continuous batches' ragged sources; a static runtime holds the dense one instead
+        ragged = spec.decoder_step_ragged if settings.ragged_step and dense is None else None  # format 5, and wanted
         self.ragged: ort.InferenceSession | None = None
         self._ragged_present: dict[str, list[str]] = {}  # role -> present_cross_{role}_i, in layer order
         if ragged is not None:
@@ -393,10 +407,10 @@ class OnnxRuntime:
             release_freed_memory()
         self._single_rows = settings.single_row_rows
         self.steps = {
-            "decoder_step": self.decoder,  # the dense one, when it was opened in its place
+            "decoder_step": self.decoder,
             "decoder_step_ragged": self.ragged,
             "decoder_step_single": self.single,
-            "decoder_step_dense": self.decoder if self.dense else None,
+            "decoder_step_dense": self.dense_decoder,
         }
         enc, dec = spec.encoder, spec.decoder_step
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
@@ -487,10 +501,13 @@ class OnnxRuntime:
         within its rows: a beam's first step has one row a sentence and its next ones k (rows_per_sentence). Run
         for that one step, its weights push the step graph's out of the caches before the steps that follow (the
         default model, beam 4 at batch 1, on the step graph throughout: 0.93-0.97x the time a sentence of 32 tokens,
-        0.81-0.96x of 8, 6 rounds alternating in one process)."""
+        0.81-0.96x of 8, 6 rounds alternating in one process). The dense step graph (a static runtime's, beside
+        its dense caches) from dense_step_rows rows."""
         rows = max(cache.rows, cache.sentences * rows_per_sentence(candidates))  # (the most, this step or next)
         if self.single is not None and rows <= self._single_rows:  # opened on CPU only: a host cache
             return "decoder_step_single"
+        if self.dense_decoder is not None and cache.dense and rows >= self._dense_rows:
+            return "decoder_step_dense"
         return "decoder_step_ragged" if self._ragged_fits(cache) else "decoder_step"
 
     def _ragged_fits(self, cache: DecoderCache) -> bool:

@@ -26,7 +26,7 @@ from service.metrics import Metrics
 from service.model_folder import MANIFEST, Architecture, ModelFolder, load_model_folder
 from service.placeholders import Masked, mask
 from service.placement import Cores, allowed_cores, claim, pin_process, plan
-from service.runtime import OnnxRuntime, Runtime, SessionSettings, step_candidates
+from service.runtime import DENSE_STEP_ROWS, OnnxRuntime, Runtime, SessionSettings, step_candidates
 from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
 from service.settings import Settings, available_cores
 from service.tokenizer import Tokenizer
@@ -545,10 +545,10 @@ def single_row_rows(cfg: Architecture) -> int:
 def step_graph_options(folder: ModelFolder, variant: str, settings: Settings) -> dict[str, bool | int]:
     """SessionSettings' step-graph fields as the server sets them (open_runtime; bench.engine measures the same):
     the ragged graph (ragged_step), the one-row graph (MT_SINGLE_ROW_STEP) for steps of up to single_row_rows, and
-    under static batching the dense step graph (format 10) in place of the step graph: a static batch's rows all
-    have the same length, which its self-attention reads faster (model_export/quantize.py, to_dense_self_attention);
-    a continuous batch's rows each have their own, which the step graph reads alone, over a cache that reserves its
-    time axis."""
+    under static batching the dense step graph (format 10) in place of the ragged one, for steps of 8 rows or more
+    (DENSE_STEP_ROWS): a static batch's rows all have the same length, which its self-attention reads faster
+    (model_export/quantize.py, to_dense_self_attention); a continuous batch's rows each have their own, which the
+    step graph reads alone, over a cache that reserves its time axis."""
     return {
         "ragged_step": ragged_step(ragged_graph_bytes(folder, variant), settings),
         "single_row_step": settings.single_row_step,
@@ -564,8 +564,10 @@ def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
     name = chosen_variant(folder, settings)
     variant = folder.variant(name)
     dense = variant.decoder_step_dense is not None and step_graph_options(folder, name, settings)["dense_step"]
-    graphs = ["dense step (static batches)" if dense else "step"]
-    if ragged_step(ragged_graph_bytes(folder, name), settings):
+    graphs = ["step"]
+    if dense and "cuda" not in settings.providers:  # (the runtime opens it on CPU-only sessions: OnnxRuntime)
+        graphs.append(f"dense (static batches of {DENSE_STEP_ROWS} rows or more)")
+    elif ragged_step(ragged_graph_bytes(folder, name), settings):
         graphs.append("ragged")
     wanted = settings.single_row_step and not cuda_present(settings)  # CUDA asked for but absent: the CPU's graphs
     if variant.decoder_step_single is not None and wanted:

@@ -21,6 +21,7 @@ from service.kv_cache import MIN_CAPACITY, DecoderCache
 from service.metrics import Metrics
 from service.model_folder import MANIFEST, load_model_folder, sha256_of
 from service.runtime import (
+    DENSE_STEP_ROWS,
     OnnxRuntime,
     SessionSettings,
     StepBinding,
@@ -443,9 +444,9 @@ def test_the_dense_step_graph_gives_the_step_graphs_results_over_a_cache_as_long
     is written at its own slot."""
     folder = load_model_folder(quantized)
     steps = {"single_row_step": False, "ragged_step": False}  # the step graph at every step, on both sides
-    dense = OnnxRuntime(folder, "int8", SessionSettings(dense_step=True, **steps))
+    dense = OnnxRuntime(folder, "int8", SessionSettings(dense_step=True, dense_step_rows=1, **steps))
     plain = OnnxRuntime(folder, "int8", SessionSettings(**steps))
-    assert dense.dense and dense.steps["decoder_step_dense"] is dense.decoder and not plain.dense
+    assert dense.dense and dense.steps["decoder_step_dense"] is not None and dense.ragged is None and not plain.dense
     cfg = folder.manifest.config
     rng = np.random.default_rng(12)
     caches = {"dense": dense.new_cache(), "plain": plain.new_cache()}
@@ -467,7 +468,7 @@ def test_the_dense_step_graph_gives_the_step_graphs_results_over_a_cache_as_long
         tokens = rng.integers(4, cfg.tgt_vocab_size, caches["dense"].rows)
         slots = caches["dense"].lengths.copy()  # (B,) where each row writes this step
         out = {name: runtimes[name].step(tokens, cache, full=True, candidates=4) for name, cache in caches.items()}
-        assert caches["dense"].bound.graph == "decoder_step"  # the dense session, opened in the step graph's place
+        assert caches["dense"].bound.graph == "decoder_step_dense"
         assert np.isfinite(out["dense"].log_probs).all()
         np.testing.assert_array_equal(out["dense"].top_ids, out["plain"].top_ids)
         np.testing.assert_allclose(out["dense"].log_probs, out["plain"].log_probs, rtol=0, atol=1e-4)
@@ -478,14 +479,21 @@ def test_the_dense_step_graph_gives_the_step_graphs_results_over_a_cache_as_long
     static = Settings(variant="int8", batching="static")
     assert not open_runtime(folder, Settings(variant="int8")).dense  # continuous batching: a reserved cache
     assert open_runtime(folder, static).dense
-    assert step_graphs(folder, static)[0] == "dense step (static batches)"
+    assert step_graphs(folder, static) == ["step", "dense (static batches of 8 rows or more)", "one-row"]
     assert not OnnxRuntime(folder, "fp32", SessionSettings(dense_step=True)).dense  # fp32 has none: the step graph
+    cuda = SessionSettings(("CUDAExecutionProvider", "CPUExecutionProvider"), dense_step=True)
+    assert not OnnxRuntime(folder, "int8", cuda).dense  # measured on CPUs only
 
 
 def test_static_batches_on_the_dense_step_graph_decode_as_on_the_step_graph(quantized: Path) -> None:
-    """decode_batch, greedy and beam, sources of different lengths: the same hypotheses and scores either way."""
+    """decode_batch, greedy and beam, sources of different lengths: the same hypotheses and scores either way. The
+    dense graph runs the steps of DENSE_STEP_ROWS rows or more (the beams' 16 rows, not the greedy batch's 4, which
+    the step graph runs over the same dense cache)."""
     folder = load_model_folder(quantized)
     dense, plain = OnnxRuntime(folder, "int8", SessionSettings(dense_step=True)), OnnxRuntime(folder, "int8")
+    ran = []
+    bind = dense._bind
+    dense._bind = lambda cache, full, width, graph: ran.append(graph) or bind(cache, full, width, graph)
     ids = folder.manifest.special_ids
     rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
     rng = np.random.default_rng(4)
@@ -496,6 +504,8 @@ def test_static_batches_on_the_dense_step_graph_decode_as_on_the_step_graph(quan
         for mine, theirs in zip(got, expected, strict=True):
             assert [h.tokens for h in mine] == [h.tokens for h in theirs]
             np.testing.assert_allclose([h.score for h in mine], [h.score for h in theirs], atol=1e-4)
+        assert ("decoder_step_dense" in ran) == (beam * len(sources) >= DENSE_STEP_ROWS)
+        ran.clear()
 
 
 def test_greedy_decoding_of_one_sentence_through_the_single_row_graph_stays_close_to_fp32(quantized: Path) -> None:
