@@ -9,8 +9,8 @@ kernel reads them faster than DynamicQuantizeMatMul's (a greedy step at batch 1:
 for one row, or up to four on a decoder whose weights stream from memory (service/translator.py, single_row_rows).
 And the step graph for static batches (format 10, `decoder_step_dense`): the int8 step graph with its
 self-attention over the whole time axis of a cache as long as its rows (to_dense_self_attention), which the
-runtime opens in place of the step graph where every batch runs to completion (the static mode, the offline
-evaluation, bench.engine).
+runtime opens beside the step graph, for steps of 8 rows or more, where every batch runs to completion (the static
+mode, the offline evaluation, bench.engine).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def test_every_step_graph_of_every_variant_is_run(quantized: Path, checkpoint: C
 
 
 def test_a_broken_dense_step_graph_fails_and_is_named(quantized: Path, checkpoint: Checkpoint, tmp_path: Path) -> None:
-    """The dense step graph (format 10) runs in a runtime of its own, in the step graph's place: a fault in it is
+    """The dense step graph (format 10) runs in a runtime of its own, pinned to it: a fault in it is
     its own, not the step graph's."""
     folder = Path(shutil.copytree(quantized, tmp_path / "q"))
     alter_weight(folder, "decoder_step_dense.int8.onnx", "generator.bias", shifted)
