@@ -84,7 +84,7 @@ class Ours:
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
-        steps = step_graph_options(loaded, variant, Settings(batching="static"))  # the server's, batching so
+        steps = step_graph_options(loaded, variant, Settings(batching="static"))  # the static mode's step graphs
         settings = SessionSettings(providers, threads, **steps)
         self.runtime = OnnxRuntime(loaded, variant, settings)
         if self.runtime.providers[0] != providers[0]:

@@ -26,7 +26,7 @@ from service.runtime import OnnxRuntime, SessionSettings
 from service.tokenizer import Tokenizer
 
 SHAPES = ((1, 1, 4), (3, 7, 6), (5, 12, 9))  # (batch, longest source, decoder steps)
-# the VariantSpec fields verify runs (the dense one in a runtime of its own: OnnxRuntime opens it in the step's place)
+# the VariantSpec fields verify runs (the dense one in a runtime of its own, whose caches are dense)
 STEP_GRAPHS = ("decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense")
 DEFAULT_TOLERANCE = 1e-4  # |log p| of an fp32 graph against PyTorch: summation order only (the CLI's --tolerance)
 # A variant of lower precision is held to its own tolerance, |log p| against PyTorch in float32 over the whole

@@ -378,7 +378,6 @@ class OnnxRuntime:
         release_freed_memory()
         cpu_only = "CUDAExecutionProvider" not in settings.providers  # (the dense graph was measured on CPUs only)
         dense = spec.decoder_step_dense if settings.dense_step and cpu_only else None  # format 10, and wanted
-        self.dense = dense is not None  # see new_cache
         self.decoder = open_session(folder, spec.decoder_step, settings, self.shared["decoder_step"])
         release_freed_memory()
         self.dense_decoder: ort.InferenceSession | None = None
@@ -429,7 +428,12 @@ class OnnxRuntime:
         self._dec_log_softmax = dec.one("log_softmax") if dec.named("log_softmax") else None  # format 8, not fp16
         self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
         self.gpu = gpu_array_module(self.providers, self.cache_dtype, self._dec_lengths is not None, folder.path)
-        self._reserve = cfg.max_positions if on_cpu and not self.dense else None  # see new_cache
+        self._reserve = cfg.max_positions if on_cpu else None  # see new_cache (a dense cache reserves nothing)
+
+    @property
+    def dense(self) -> bool:
+        """This runtime runs the dense step graph (format 10): its caches are dense (new_cache)."""
+        return self.dense_decoder is not None
 
     def new_cache(self) -> DecoderCache:
         """On the CPU provider the cache reserves its self-attention's time axis, as long as the model's positions,
