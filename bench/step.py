@@ -2,12 +2,14 @@
 own step (the same sessions, binding and cache as the server's), at the rows, cache length, source length and
 intra-op threads asked, one column per (rows, threads) pair: the figures behind docs/performance.md's "What the time
 goes to". Random source ids, every source position real (so the step graph, not the ragged one), greedy rows unless
---beam, asking no scores (greedy steps skip the log-softmax, as the server's do without `return_scores`). Run it
+--beam, asking no scores (greedy steps skip the log-softmax, as the server's do without `return_scores`); with --dense,
+as a static runtime does: the folder's dense step graph (format 10) from 8 rows, over a dense cache. Run it
 with nothing else on the machine. The profiler costs a few µs per node: the last line, the same steps without it,
 says how much of a small step's profile that is.
 
     python -m bench.step                                                        # the default model, 32 rows
     python -m bench.step --model runs/bench/paper/ours --rows 32,16,32 --threads 2,1,1   # after bench.engine paper
+    python -m bench.step --model runs/bench/paper/ours --rows 64 --beam 4 --dense       # as the static mode steps it
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ import numpy as np
 from bench.machine import describe, headline
 from service.arguments import description_of, non_negative_int, positive_int, positive_ints
 from service.decoding import SearchOptions, candidates, needs_log_probs
+from service.errors import ModelFolderError
 from service.model_folder import load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
 from service.translator import single_row_rows
 
 ROOT = Path(__file__).resolve().parent.parent
+GRAPH_NOTES = {"single": ", the one-row graph", "dense": ", the dense graph"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab:
 
 
 def profile_step(
-    folder: Path, variant: str | None, threads: int, work: Workload
+    folder: Path, variant: str | None, threads: int, work: Workload, dense: bool = False
 ) -> tuple[dict[str, tuple[int, float]], float, float, str]:
     """{operator type: (nodes per step, µs per step)} over the timed steps under ONNX Runtime's profiler, the wall
     time per step in µs with the profiler on, and without it (the profiler's own cost per node is a few µs: at
@@ -78,7 +82,9 @@ def profile_step(
     loaded = load_model_folder(folder, verify_checksums=False)
     cfg = loaded.manifest.config
     rows = single_row_rows(cfg)  # as the server would: the one-row graph for steps of up to this many rows
-    settings = SessionSettings(intra_op_threads=threads, encoder_threads=1, ragged_step=False, single_row_rows=rows)
+    settings = SessionSettings(
+        intra_op_threads=threads, encoder_threads=1, ragged_step=False, single_row_rows=rows, dense_step=dense
+    )
     plain, *_ = timed_steps(OnnxRuntime(loaded, variant, settings), work, cfg.src_vocab_size, cfg.tgt_vocab_size)
     with tempfile.TemporaryDirectory() as tmp:
         runtime = OnnxRuntime(loaded, variant, replace(settings, profile_prefix=str(Path(tmp) / "p")))
@@ -121,16 +127,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=non_negative_int, default=24, help="steps taken before the profiled ones")
     parser.add_argument("--steps", type=positive_int, default=10, help="profiled steps")
     parser.add_argument("--top", type=positive_int, default=12, help="operator types listed; the rest summed")
+    parser.add_argument(
+        "--dense", action="store_true", help="as a static runtime: the dense step graph (format 10, int8) from 8 rows"
+    )
     args = parser.parse_args(argv)
     rows, threads = args.rows, args.threads * len(args.rows) if len(args.threads) == 1 else args.threads
     if len(threads) != len(rows) or any(r % args.beam for r in rows):
         parser.error("--threads takes one value or one per --rows value; every --rows value a multiple of --beam")
     if not (args.model / "manifest.json").is_file():
         parser.error(f"--model {args.model}: not a model folder (no manifest.json); bench.engine paper makes one")
+    try:
+        spec = load_model_folder(args.model, verify_checksums=False).variant(args.variant)
+    except ModelFolderError as error:
+        parser.error(str(error))
+    if args.dense and spec.decoder_step_dense is None:
+        parser.error(f"--dense: {args.model}'s {args.variant or 'default'} variant has no dense step graph (an int8 "
+                     "variant of format 10 has one: python -m model_export quantize)")
     print(headline(describe()), flush=True)
     columns = [
         profile_step(
-            args.model, args.variant, t, Workload(r // args.beam, args.beam, args.source, args.slots, args.steps)
+            args.model,
+            args.variant,
+            t,
+            Workload(r // args.beam, args.beam, args.source, args.slots, args.steps),
+            args.dense,
         )
         for r, t in zip(rows, threads, strict=True)
     ]
@@ -143,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.slots + args.steps} slots; ms per step (nodes)"
     )
     heads = [
-        f"{r} rows, {t} thread{'s' if t > 1 else ''}" + (", the one-row graph" if graph.endswith("single") else "")
+        f"{r} rows, {t} thread{'s' if t > 1 else ''}" + GRAPH_NOTES.get(graph.rsplit("_", 1)[-1], "")
         for r, t, (*_, graph) in zip(rows, threads, columns, strict=True)
     ]
     print("| operator | " + " | ".join(heads) + " |\n|---|" + "---:|" * len(heads))

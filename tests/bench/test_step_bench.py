@@ -75,3 +75,30 @@ def test_an_if_counts_only_its_own_time_beside_the_nodes_its_branch_ran() -> Non
 
     events = [node("MatMul", 0, 50), node("TopK", 60, 30), node("Slice", 91, 2), node("If", 58, 40), node("Add", 99, 5)]
     assert [e["dur"] for e in step.own_times(events)] == [50, 30, 2, 8, 5]
+
+
+def test_dense_profiles_the_dense_step_graph_from_its_rows(quantized: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--dense steps as a static runtime does: the dense step graph (format 10) from DENSE_STEP_ROWS rows, its
+    self-attention a ScatterND into the cache and a MultiHeadAttention; fewer rows keep the step graph."""
+    args = ["--model", str(quantized), "--variant", "int8", "--rows", "8,4", "--dense", "--steps", "2", "--top", "99"]
+    assert step.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| operator | 8 rows, 1 thread, the dense graph | 4 rows, 1 thread |" in out
+    assert re.search(r"^\| ScatterND \| [\d.]+ \(\d+\) \| - \|$", out, re.MULTILINE)
+    assert re.search(r"^\| GroupQueryAttention \| - \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dense"], "variant has no dense step graph (an int8 variant of format 10 has one"),
+        (["--variant", "int4"], "no variant 'int4'; it has ['fp32']"),
+    ],
+)
+def test_a_variant_the_folder_lacks_stops_it_at_once(
+    model_dir: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        step.main(["--model", str(model_dir), *argv])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
