@@ -30,7 +30,7 @@ from bench.machine import describe, headline
 from service.arguments import description_of, non_negative_int, positive_int, positive_ints
 from service.decoding import SearchOptions, candidates, needs_log_probs
 from service.errors import ModelFolderError
-from service.model_folder import load_model_folder
+from service.model_folder import ModelFolder, load_model_folder
 from service.runtime import OnnxRuntime, SessionSettings
 from service.translator import single_row_rows
 
@@ -74,12 +74,11 @@ def timed_steps(runtime: OnnxRuntime, work: Workload, src_vocab: int, tgt_vocab:
 
 
 def profile_step(
-    folder: Path, variant: str | None, threads: int, work: Workload, dense: bool = False
+    loaded: ModelFolder, variant: str | None, threads: int, work: Workload, dense: bool = False
 ) -> tuple[dict[str, tuple[int, float]], float, float, str]:
     """{operator type: (nodes per step, µs per step)} over the timed steps under ONNX Runtime's profiler, the wall
     time per step in µs with the profiler on, and without it (the profiler's own cost per node is a few µs: at
     small steps most of what it reports), and the step graph that ran."""
-    loaded = load_model_folder(folder, verify_checksums=False)
     cfg = loaded.manifest.config
     rows = single_row_rows(cfg)  # as the server would: the one-row graph for steps of up to this many rows
     settings = SessionSettings(
@@ -136,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--threads takes one value or one per --rows value; every --rows value a multiple of --beam")
     if not (args.model / "manifest.json").is_file():
         parser.error(f"--model {args.model}: not a model folder (no manifest.json); bench.engine paper makes one")
+    loaded = load_model_folder(args.model, verify_checksums=False)
     try:
-        spec = load_model_folder(args.model, verify_checksums=False).variant(args.variant)
+        spec = loaded.variant(args.variant)
     except ModelFolderError as error:
         parser.error(str(error))
     if args.dense and spec.decoder_step_dense is None:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     print(headline(describe()), flush=True)
     columns = [
         profile_step(
-            args.model,
+            loaded,
             args.variant,
             t,
             Workload(r // args.beam, args.beam, args.source, args.slots, args.steps),

@@ -563,11 +563,11 @@ def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
     before format 6, the command that adds the one-row graph."""
     name = chosen_variant(folder, settings)
     variant = folder.variant(name)
-    dense = variant.decoder_step_dense is not None and step_graph_options(folder, name, settings)["dense_step"]
+    options = step_graph_options(folder, name, settings)  # what open_runtime gives the runtime
     graphs = ["step"]
-    if dense and "cuda" not in settings.providers:  # (the runtime opens it on CPU-only sessions: OnnxRuntime)
-        graphs.append(f"dense (static batches of {DENSE_STEP_ROWS} rows or more)")
-    elif ragged_step(ragged_graph_bytes(folder, name), settings):
+    if variant.decoder_step_dense is not None and options["dense_step"] and "cuda" not in settings.providers:
+        graphs.append(f"dense (static batches of {DENSE_STEP_ROWS} rows or more)")  # (CPU-only sessions: OnnxRuntime)
+    elif options["ragged_step"]:
         graphs.append("ragged")
     wanted = settings.single_row_step and not cuda_present(settings)  # CUDA asked for but absent: the CPU's graphs
     if variant.decoder_step_single is not None and wanted:
