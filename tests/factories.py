@@ -7,8 +7,11 @@ import io
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+import onnx
 import sentencepiece as spm
 import torch
+from onnx import numpy_helper
 
 from model_export.checkpoint import Checkpoint, TokenizerFiles, save
 from model_export.config import TransformerConfig
@@ -63,3 +66,11 @@ def tiny_checkpoint(spm_model: bytes, seed: int = 1, eos_bias: float = 5.0, **ch
 def write_checkpoint(checkpoint: Checkpoint, path: Path) -> Path:
     save(checkpoint, path)
     return path
+
+
+def product_weights(graph: Path) -> dict[str, np.ndarray]:
+    """An int8 graph's products' weights (MatMulInteger's constant second input), by name: (K, N) int8 each."""
+    model = onnx.load(graph, load_external_data=False)
+    constants = {t.name: t for t in model.graph.initializer}
+    names = [node.input[1] for node in model.graph.node if node.op_type == "MatMulInteger"]
+    return {name: numpy_helper.to_array(constants[name]) for name in names}

@@ -22,7 +22,7 @@ from service.model_folder import load_model_folder
 from service.runtime import CPU_DISABLED_FUSIONS, OnnxRuntime
 from service.settings import Settings
 from service.tokenizer import Tokenizer
-from tests.factories import SENTENCES, tiny_checkpoint
+from tests.factories import SENTENCES, product_weights, tiny_checkpoint
 
 
 def test_int8_variant_is_listed_checksummed_and_runs_close_to_fp32(quantized: Path) -> None:
@@ -35,6 +35,23 @@ def test_int8_variant_is_listed_checksummed_and_runs_close_to_fp32(quantized: Pa
     fp32, int8 = OnnxRuntime(folder, "fp32").encode(src_ids, mask), OnnxRuntime(folder, "int8").encode(src_ids, mask)
     assert np.abs(fp32.keys - int8.keys).max() < 0.25 * np.abs(fp32.keys).max()
     assert not np.array_equal(fp32.keys, int8.keys)  # really quantized
+
+
+def test_the_int8_products_weights_fit_in_7_bits_so_no_cpu_saturates_them(quantized: Path) -> None:
+    """Every product's int8 weights lie in [-64, 64] (REDUCED_RANGE): on a CPU without VNNI ONNX Runtime adds pairs
+    of u8 x s8 products in 16 bits, which 255 x 127 x 2 overflows and 255 x 64 x 2 does not. The embedding table,
+    gathered rather than multiplied, keeps its 8 bits."""
+    folder = load_model_folder(quantized)
+    variant = folder.variant("int8")
+    for graph in ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_dense"):
+        weights = product_weights(quantized / getattr(variant, graph).file)
+        assert len(weights) >= 7, graph  # q, k, v (or fused), o and the FFN's two in every layer at least
+        for name, codes in weights.items():  # (K, N) int8 each
+            assert codes.dtype == np.int8 and codes.min() >= -64 and codes.max() <= 64, (graph, name)
+            assert codes.max() == 64 or codes.min() == -64, (graph, name)  # the 7 bits used, not fewer
+    [shared] = variant.shared_initializers
+    table = np.fromfile(quantized / shared.file, dtype=shared.dtype)
+    assert table.max() - table.min() > 128  # 8 bits
 
 
 def test_the_shared_embedding_table_is_stored_once_and_held_once(quantized: Path) -> None:

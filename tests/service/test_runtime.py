@@ -7,6 +7,7 @@ import sys
 import types
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -729,6 +730,29 @@ class PatientRuntime(PatientSteps, OnnxRuntime):
     pass
 
 
+def _passes_join_after_the_step(scheduler: Any) -> None:
+    """A running batch's newcomers join after the step that follows their admission (PatientSteps waits for their
+    passes), never before it when the encoder thread happens to be quick: int8 quantizes a step's activations with
+    one scale over its rows, so the runs compared must step the same rows."""
+    encode, join = scheduler._encode, scheduler._join
+    fresh: list[int] = []  # ids of the passes started in this iteration
+
+    def started(jobs: list[Any]) -> None:
+        before = {id(encoding) for encoding in scheduler.encoding}
+        encode(jobs)
+        fresh[:] = [id(encoding) for encoding in scheduler.encoding if id(encoding) not in before]
+
+    def joined(wait: bool) -> None:
+        if wait:
+            return join(True)
+        held = [encoding for encoding in scheduler.encoding if id(encoding) in fresh]
+        scheduler.encoding = [encoding for encoding in scheduler.encoding if id(encoding) not in fresh]
+        join(False)
+        scheduler.encoding += held
+
+    scheduler._encode, scheduler._join = started, joined
+
+
 def _refilled(folder, variant: str, sources: list[list[int]], copies: bool) -> tuple[list[object], int, int]:
     """Greedy sentences joining a running continuous batch (overlapped encoder passes) while others finish: each
     one's best tokens, the steps, and the bindings made."""
@@ -743,6 +767,7 @@ def _refilled(folder, variant: str, sources: list[list[int]], copies: bool) -> t
     scheduler = runtime.scheduler = Scheduler(
         runtime, TokenRules(ids.decoder_start, ids.eos, ids.pad), limits, Metrics(), "t"
     )
+    _passes_join_after_the_step(scheduler)
     tickets = []
     for i, source in enumerate(sources):
         tickets.append(Ticket(1, 1e18, lambda ticket: None))
