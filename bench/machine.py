@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from service.arguments import description_of
+from service.cpu import cpu_fields
 from service.settings import available_cores
 
 # The instruction sets the int8 and float kernels of ONNX Runtime and CTranslate2 choose between, as /proc/cpuinfo
@@ -38,19 +39,6 @@ ISA = {
     "i8mm": "NEON int8 matmul",
 }
 PACKAGES = ("onnxruntime", "onnxruntime-gpu", "ctranslate2", "torch", "transformers", "numpy")
-
-
-def cpu_fields(cpuinfo: str) -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo text, by name."""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            if fields:
-                break  # the first processor's block ends
-            continue
-        name, _, value = line.partition(":")
-        fields.setdefault(name.strip(), value.strip())
-    return fields
 
 
 def cpu_model(fields: dict[str, str]) -> str:

@@ -98,10 +98,10 @@ class Settings(BaseSettings):
         True,
         description="open a model folder's step graph for one row (format 6, int8 variants) beside its step graph "
         "and run it for steps of one row (one sentence, greedy; up to 4 rows for a decoder of at least 16 M "
-        "multiply-adds per token, whose weights stream from memory): its products read 8-bit weights in blocks of 128, "
-        "which ONNX Runtime reads faster for one row (a greedy step at batch 1: 0.77x the default model's time, "
-        "0.64x the paper size's). Its session holds its own copy of the decoder's weights (5 MB for the default "
-        "model, ~60 MB at the paper's size). CPU only",
+        "multiply-adds per token, whose weights stream from memory, on a CPU with VNNI, AMX or ARM's dot "
+        "products): its products read 8-bit weights in blocks of 128, which ONNX Runtime reads faster for one row "
+        "(a greedy step at batch 1: 0.77x the default model's time, 0.64x the paper size's). Its session holds its "
+        "own copy of the decoder's weights (5 MB for the default model, ~60 MB at the paper's size). CPU only",
     )
     encoder_threads: int = Field(
         0,

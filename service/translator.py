@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from service import text
+from service.cpu import this_cpu_has_int8_dot_products
 from service.decoding import Hypothesis, SearchOptions, output_cap
 from service.engine import TokenRules, ends
 from service.engine_process import EngineProcess
@@ -536,10 +537,13 @@ def ragged_step(graph_bytes: int | None, settings: Settings) -> bool:
 def single_row_rows(cfg: Architecture) -> int:
     """The most rows a step may have to run the one-row step graph (format 6). Its products (MatMulNBits) read the
     weights faster than DynamicQuantizeMatMul for one row; on a decoder of at least SHARED_STEP_MACS, whose weights
-    stream from memory every step, for a few (measured on 2 cores, the step graph's time over the one-row graph's:
-    the paper-size model 1.40x at 2 rows, 1.23x at 3, 1.09x at 4, 0.95x at 6, 0.87x at 8; the default model 1.28x
-    at 1 row, 0.96x at 2, 0.83x at 3)."""
-    return 4 if decoder_macs_per_token(cfg) >= SHARED_STEP_MACS else 1
+    stream from memory every step, for a few (measured on 2 cores with VNNI, the step graph's time over the one-row
+    graph's: the paper-size model 1.40x at 2 rows, 1.23x at 3, 1.09x at 4, 0.95x at 6, 0.87x at 8; the default model
+    1.28x at 1 row, 0.96x at 2, 0.83x at 3). On a CPU without VNNI (service/cpu.py) MatMulNBits' int8 kernel is the
+    slower from 2 rows (4 rows of the paper size's products 1.9-2.1x DynamicQuantizeMatMul's time, its beam 4 at
+    batch 1 on one thread 0.7x the speed; at one row level with it, both models): one row only."""
+    large = decoder_macs_per_token(cfg) >= SHARED_STEP_MACS
+    return 4 if large and this_cpu_has_int8_dot_products() else 1
 
 
 def step_graph_options(folder: ModelFolder, variant: str, settings: Settings) -> dict[str, bool | int]:

@@ -139,7 +139,10 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     assert translator.runtime.decoder.get_session_options().intra_op_num_threads == 1
     assert translator.runtime.ragged is not None  # a small decoder: its ragged step graph too
     translator.scheduler.stop()
+    monkeypatch.setattr("service.translator.this_cpu_has_int8_dot_products", lambda: True)  # VNNI, AMX, ARM
     assert single_row_rows(shipped) == 1 and single_row_rows(paper) == 4  # weights from memory: a few rows too
+    monkeypatch.setattr("service.translator.this_cpu_has_int8_dot_products", lambda: False)  # AVX2 alone
+    assert single_row_rows(shipped) == 1 and single_row_rows(paper) == 1  # MatMulNBits the slower from 2 rows
 
 
 def test_the_ragged_step_graph_opens_unasked_where_its_copy_of_the_weights_is_small(model_dir: Path) -> None:
