@@ -68,6 +68,10 @@ def write_checkpoint(checkpoint: Checkpoint, path: Path) -> Path:
     return path
 
 
+# An int8 variant's graphs whose products `quantize_dynamic` wrote (the one-row graph's are MatMulNBits)
+DYNAMIC_INT8_GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_dense")
+
+
 def product_weights(graph: Path) -> dict[str, np.ndarray]:
     """An int8 graph's products' weights (MatMulInteger's constant second input), by name: (K, N) int8 each."""
     model = onnx.load(graph, load_external_data=False)

@@ -11,7 +11,7 @@ from model_export.card import variant_bytes
 from service.api import create_app
 from service.model_folder import load_model_folder
 from service.settings import SHIPPED_MODELS, Settings
-from tests.factories import product_weights
+from tests.factories import DYNAMIC_INT8_GRAPHS, product_weights
 
 DEFAULT = SHIPPED_MODELS / "en-fr"
 
@@ -36,7 +36,7 @@ def test_the_folder_is_intact_and_int8_by_default() -> None:
 def test_its_int8_products_weights_fit_in_7_bits() -> None:
     """Quantized as `quantize` does (REDUCED_RANGE), so that no CPU without VNNI saturates its products."""
     variant = load_model_folder(DEFAULT).variant("int8")
-    for graph in ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_dense"):
+    for graph in DYNAMIC_INT8_GRAPHS:
         weights = product_weights(DEFAULT / getattr(variant, graph).file)
         assert weights and all(codes.min() >= -64 and codes.max() <= 64 for codes in weights.values()), graph
 

@@ -22,7 +22,7 @@ from service.model_folder import load_model_folder
 from service.runtime import CPU_DISABLED_FUSIONS, OnnxRuntime
 from service.settings import Settings
 from service.tokenizer import Tokenizer
-from tests.factories import SENTENCES, product_weights, tiny_checkpoint
+from tests.factories import DYNAMIC_INT8_GRAPHS, SENTENCES, product_weights, tiny_checkpoint
 
 
 def test_int8_variant_is_listed_checksummed_and_runs_close_to_fp32(quantized: Path) -> None:
@@ -43,7 +43,7 @@ def test_the_int8_products_weights_fit_in_7_bits_so_no_cpu_saturates_them(quanti
     gathered rather than multiplied, keeps its 8 bits."""
     folder = load_model_folder(quantized)
     variant = folder.variant("int8")
-    for graph in ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_dense"):
+    for graph in DYNAMIC_INT8_GRAPHS:
         weights = product_weights(quantized / getattr(variant, graph).file)
         assert len(weights) >= 7, graph  # q, k, v (or fused), o and the FFN's two in every layer at least
         for name, codes in weights.items():  # (K, N) int8 each
