@@ -53,6 +53,7 @@ SINGLE_ROW_BLOCKS = {8: 128, 4: 32}
 # 39.5); all-positive activations times +-1 weights 2.4 against 0.05 % off. The one-row graph's MatMulNBits (int8
 # activations, symmetric) and the embedding tables (gathered, not multiplied) keep 8 bits.
 REDUCED_RANGE = True
+WEIGHT_BITS = 7 if REDUCED_RANGE else 8  # the manifest's `weight_bits` (format 11), which the server checks
 DENSE_FILE = "decoder_step_dense.int8.onnx"
 
 
@@ -257,6 +258,7 @@ def add_int8_variant(
     variant["decoder_step_single"] = {**variant["decoder_step"], "file": SINGLE_ROW_FILE}  # the same inputs, outputs
     dense_step_graph(folder_path / variant["decoder_step"]["file"], folder_path / DENSE_FILE)
     variant["decoder_step_dense"] = {**variant["decoder_step"], "file": DENSE_FILE}  # format 10; the same contract
+    variant["weight_bits"] = WEIGHT_BITS  # format 11: a server on a CPU without VNNI warns of 8 (service/translator.py)
     manifest["format_version"] = max(manifest["format_version"], graph_io.FORMAT_VERSION)  # a reader of format 6 on
     shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one
     variant["shared_initializers"] = shared

@@ -29,10 +29,11 @@ FORMAT = "transformer-mt-model"
 # (the fp16 variant's step graph, for GPUs, always does and has no such input); 9: the tokenizer may name the
 # letters the model's training sources held too seldom for it to read (`rare_letters`, optional); 10: a fourth step
 # graph, for static batches, whose self-attention reads the whole time axis of a cache as long as its rows
-# (`decoder_step_dense`, optional, int8 variants; model_export/quantize.py). model_export writes
-# FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on (service/runtime.py:
-# step_candidates, OnnxRuntime).
-FORMAT_VERSION = 10
+# (`decoder_step_dense`, optional, int8 variants; model_export/quantize.py); 11: an int8 variant may say how many
+# bits its products' weights take (`weight_bits`: 7 from `quantize` since this format; none said: 8; service/cpu.py).
+# model_export writes FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on
+# (service/runtime.py: step_candidates, OnnxRuntime).
+FORMAT_VERSION = 11
 OLDEST_FORMAT_VERSION = 3
 # a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5),
 # one-row (format 6) and dense (format 10) step graphs
@@ -94,6 +95,9 @@ class VariantSpec(_Strict):
     decoder_step_ragged: GraphSpec | None = None  # format 5: the step for batches whose sentences have one row each
     decoder_step_single: GraphSpec | None = None  # format 6: the step for one row (the step graph's inputs and outputs)
     decoder_step_dense: GraphSpec | None = None  # format 10: the step for static batches (the same contract)
+    # format 11, int8 variants: the bits of the DynamicQuantizeMatMul products' weights (7: their pairs of products
+    # fit the 16-bit sums of a CPU without VNNI; none stated: 8, as `quantize` wrote them before format 11)
+    weight_bits: Literal[7, 8] | None = None
     shared_initializers: list[SharedInitializer] = []
 
 

@@ -120,6 +120,7 @@ class Translator:
             self.scheduler = new_scheduler(runtime, self.rules, limits, metrics, self.name, streams, cores=cores)
         else:
             self.scheduler = EngineProcess(folder.path, settings, self.rules, limits, metrics, self.name, cores)
+        self.warnings = weight_bits_warnings(folder, self.variant)  # logged at load, listed by /v1/models
 
     def warm_up(self) -> None:
         """One real translation through both graphs before the server says it is ready."""
@@ -546,6 +547,22 @@ def single_row_rows(cfg: Architecture) -> int:
     return 4 if large and this_cpu_has_int8_dot_products() else 1
 
 
+def weight_bits_warnings(folder: ModelFolder, variant: str) -> list[str]:
+    """What an operator should change for the model to run as measured: an int8 variant whose products' weights
+    take 8 bits (quantized before format 11) on a CPU without an int8 dot-product instruction (service/cpu.py).
+    There ONNX Runtime adds each two products in 16 bits, which such weights can overflow (on an AVX2-only Zen 3, 8
+    bits against 7: the default model's encoder output 4.4 against 2.7 % RMS from fp32's, a tiny model's step
+    log-probs 4.6 against under 1 off: docs/performance.md). Its products run on the CPU whatever the providers."""
+    spec = folder.variant(variant)
+    if spec.precision != "int8" or (spec.weight_bits or 8) <= 7 or this_cpu_has_int8_dot_products():
+        return []
+    return [
+        f"variant {variant}'s int8 weights take 8 bits, which this CPU (without VNNI or AMX) multiplies in 16-bit "
+        "sums that they can overflow: its translations can drift from fp32's; quantize the folder again for 7-bit "
+        f"weights (python -m model_export quantize --model-dir {folder.path}) or run MT_VARIANT=fp32"
+    ]
+
+
 def step_graph_options(folder: ModelFolder, variant: str, settings: Settings) -> dict[str, bool | int]:
     """SessionSettings' step-graph fields as the server sets them (open_runtime; bench.engine measures the same):
     the ragged graph (ragged_step), the one-row graph (MT_SINGLE_ROW_STEP) for steps of up to single_row_rows, and
@@ -672,6 +689,8 @@ def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) ->
             "loaded model %s %s (%s, %s) in %s from %s: %d decoding stream(s) of %d thread(s)%s; step graphs: %s",
             *(name, version, variant, provider, where, path, streams, threads, cores, graphs),
         )
+        for warning in translator.warnings:
+            log.warning("model %s: %s", name, warning)
         translators.append(translator)
     return translators
 

@@ -25,7 +25,7 @@ def client() -> TestClient:
 def test_the_folder_is_intact_and_int8_by_default() -> None:
     manifest = load_model_folder(DEFAULT).manifest  # checksums of every file
     assert manifest.default_variant == "int8" and set(manifest.variants) == {"fp32", "int8"}
-    assert manifest.format_version == 10 and manifest.variants["int8"].decoder_step_single is not None  # one row
+    assert manifest.format_version == 11 and manifest.variants["int8"].decoder_step_single is not None  # one row
     assert manifest.variants["int8"].decoder_step_dense is not None  # format 10: static batches
     assert {"ø", "ř", "ß", "é", "μ"} <= set(manifest.tokenizer.rare_letters)  # format 9: `model_export letters`
     assert manifest.variants["int8"].decoder_step.named("log_softmax")  # format 8: greedy steps may skip it
@@ -34,8 +34,10 @@ def test_the_folder_is_intact_and_int8_by_default() -> None:
 
 
 def test_its_int8_products_weights_fit_in_7_bits() -> None:
-    """Quantized as `quantize` does (REDUCED_RANGE), so that no CPU without VNNI saturates its products."""
+    """Quantized as `quantize` does (REDUCED_RANGE), so that no CPU without VNNI saturates its products, as its
+    manifest says (format 11)."""
     variant = load_model_folder(DEFAULT).variant("int8")
+    assert variant.weight_bits == 7
     for graph in DYNAMIC_INT8_GRAPHS:
         weights = product_weights(DEFAULT / getattr(variant, graph).file)
         assert weights and all(codes.min() >= -64 and codes.max() <= 64 for codes in weights.values()), graph

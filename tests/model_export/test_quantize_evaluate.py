@@ -40,9 +40,10 @@ def test_int8_variant_is_listed_checksummed_and_runs_close_to_fp32(quantized: Pa
 def test_the_int8_products_weights_fit_in_7_bits_so_no_cpu_saturates_them(quantized: Path) -> None:
     """Every product's int8 weights lie in [-64, 64] (REDUCED_RANGE): on a CPU without VNNI ONNX Runtime adds pairs
     of u8 x s8 products in 16 bits, which 255 x 127 x 2 overflows and 255 x 64 x 2 does not. The embedding table,
-    gathered rather than multiplied, keeps its 8 bits."""
+    gathered rather than multiplied, keeps its 8 bits. The manifest says 7 (format 11), which the server checks."""
     folder = load_model_folder(quantized)
     variant = folder.variant("int8")
+    assert variant.weight_bits == 7 and folder.variant("fp32").weight_bits is None
     for graph in DYNAMIC_INT8_GRAPHS:
         weights = product_weights(quantized / getattr(variant, graph).file)
         assert len(weights) >= 7, graph  # q, k, v (or fused), o and the FFN's two in every layer at least

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+import service.translator
 from service.api import create_app
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
@@ -236,7 +238,8 @@ def test_languages_models_health_ready_metrics(client: TestClient) -> None:
     assert model["decoder_streams"] == 1 and model["intra_op_threads"] == 1  # a tiny model: one stream, one thread
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/ready").json()["status"] == "ready"
-    metrics = client.get("/metrics").text
+    assert client.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
+    metrics = client.get("/metrics").text  # (a step's duration, whichever test ran before)
     assert (
         'mt_model_info{model="tiny-en-fr",provider="CPUExecutionProvider",variant="fp32",version="0.0.1"} 1.0'
         in metrics
@@ -482,6 +485,41 @@ def test_short_text_is_prepared_on_the_event_loop_and_long_text_in_a_thread() ->
 
     assert asyncio.run(where(True)) == threading.get_ident()
     assert asyncio.run(where(False)) != threading.get_ident()
+
+
+@pytest.mark.parametrize(
+    ("weight_bits", "dot_products", "warned"),
+    [(None, False, True), (8, False, True), (7, False, False), (None, True, False)],
+)
+def test_an_int8_folder_of_8_bit_weights_on_a_cpu_without_vnni_is_flagged_at_load_and_in_its_card(
+    quantized: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    weight_bits: int | None,
+    dot_products: bool,
+    warned: bool,
+) -> None:
+    """A folder quantized before format 11 (no `weight_bits`: 8 bits) or saying 8, on a CPU whose int8 products go
+    through 16-bit pair sums: the log and /v1/models say what to do; it still serves."""
+    folder = Path(shutil.copytree(quantized, tmp_path / "tiny-en-fr"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["variants"]["int8"]["weight_bits"] = weight_bits  # (None: as a format 10 folder's, which has none)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(service.translator, "this_cpu_has_int8_dot_products", lambda: dot_products)
+    settings = settings_for(folder, variant="int8", engine_process=False)
+    with caplog.at_level("WARNING", logger="service.translator"), TestClient(create_app(settings)) as c:
+        model = c.get("/v1/models").json()["models"][0]
+        assert c.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
+    assert model["variant"] == "int8" and model["weight_bits"] == weight_bits
+    logged = [r.getMessage() for r in caplog.records if "8 bits" in r.getMessage()]
+    if not warned:
+        assert model["warnings"] == [] and logged == []
+        return
+    [warning] = model["warnings"]
+    assert "int8 weights take 8 bits" in warning and "without VNNI" in warning
+    assert f"python -m model_export quantize --model-dir {folder}" in warning and "MT_VARIANT=fp32" in warning
+    assert logged == [f"model tiny-en-fr: {warning}"]
 
 
 def test_two_streams_in_the_server_process_answer_as_one(model_dir: Path) -> None:
