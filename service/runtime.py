@@ -376,7 +376,9 @@ class OnnxRuntime:
         encoder_settings = replace(settings, intra_op_threads=settings.encoder_threads or settings.intra_op_threads)
         self.encoder = open_session(folder, spec.encoder, encoder_settings, self.shared["encoder"])
         release_freed_memory()
-        cpu_only = "CUDAExecutionProvider" not in settings.providers  # (the dense graph was measured on CPUs only)
+        # the dense graph was measured on CPUs only: not beside CUDA, but where CUDA was asked for and this build
+        # lacks it (the steps run on the CPU)
+        cpu_only = "CUDAExecutionProvider" not in usable_providers(settings.providers)
         dense = spec.decoder_step_dense if settings.dense_step and cpu_only else None  # format 10, and wanted
         self.decoder = open_session(folder, spec.decoder_step, settings, self.shared["decoder_step"])
         release_freed_memory()

@@ -586,7 +586,7 @@ def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
     variant = folder.variant(name)
     options = step_graph_options(folder, name, settings)  # what open_runtime gives the runtime
     graphs = ["step"]
-    if variant.decoder_step_dense is not None and options["dense_step"] and "cuda" not in settings.providers:
+    if variant.decoder_step_dense is not None and options["dense_step"] and not cuda_present(settings):
         graphs.append(f"dense (static batches of {DENSE_STEP_ROWS} rows or more)")  # (CPU-only sessions: OnnxRuntime)
     elif options["ragged_step"]:
         graphs.append("ragged")

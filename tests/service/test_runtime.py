@@ -486,7 +486,11 @@ def test_the_dense_step_graph_gives_the_step_graphs_results_over_a_cache_as_long
     assert step_graphs(folder, static) == ["step", "dense (static batches of 8 rows or more)", "one-row"]
     assert not OnnxRuntime(folder, "fp32", SessionSettings(dense_step=True)).dense  # fp32 has none: the step graph
     cuda = SessionSettings(("CUDAExecutionProvider", "CPUExecutionProvider"), dense_step=True)
-    assert not OnnxRuntime(folder, "int8", cuda).dense  # measured on CPUs only
+    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    assert OnnxRuntime(folder, "int8", cuda).dense is not has_cuda  # measured on CPUs only: not beside CUDA ...
+    on_cpu = Settings(variant="int8", batching="static", providers=["cuda", "cpu"])  # ... but asked for and absent
+    assert ("dense (static batches of 8 rows or more)" in step_graphs(folder, on_cpu)) is not has_cuda
+    assert open_runtime(folder, on_cpu).dense is not has_cuda
 
 
 def test_static_batches_on_the_dense_step_graph_decode_as_on_the_step_graph(quantized: Path) -> None:
