@@ -53,6 +53,7 @@ class Result:
     tokens: int
     seconds: float
     peak_rss_mb: float
+    rounds: tuple[float, ...] = ()  # tok/s in each round, in order (`benchmark` fills it in the best round's result)
 
     @property
     def tokens_per_second(self) -> float:
@@ -482,8 +483,10 @@ def turn_size(setting: Setting) -> int:
 
 def benchmark(engines: list[Engine], sources: list[list[int]], settings: list[Setting], rounds: int) -> list[Result]:
     """Every setting, engines taking turns (`turn_size` sentences each, the order rotating each turn and round),
-    each engine's turns of a round summed; the best round per engine."""
+    each engine's turns of a round summed; the best round per engine, with every round's speed (`rounds`: the
+    ratios of two engines round by round show how far the machine moved them)."""
     best: dict[tuple[str, int, int], Result] = {}
+    speeds: dict[tuple[str, int, int], list[float]] = {}
     for setting in settings:
         size = turn_size(setting)
         for round_ in range(rounds):
@@ -502,8 +505,9 @@ def benchmark(engines: list[Engine], sources: list[list[int]], settings: list[Se
                 if key not in best or result.seconds < best[key].seconds:
                     best[key] = result
                 speed = result.tokens_per_second
+                speeds.setdefault(key, []).append(speed)
                 print(f"  {name:18} beam {setting.beam} batch {setting.batch:2}: {speed:8,.0f} tok/s", flush=True)
-    return list(best.values())
+    return [replace(result, rounds=tuple(speeds[key])) for key, result in best.items()]
 
 
 def combined(first: Result, then: Result) -> Result:
@@ -541,9 +545,12 @@ def table(results: list[Result], reference: str = "ours-int8") -> str:
 
 
 def best_layouts(results: list[Result], ours: str, peer: str) -> str:
-    """Per setting, each of two engines in its fastest layout (what a deployment tuned for this machine gets) and
-    their ratio."""
-    lines = [f"| search | batch | {ours} | layout | {peer} | layout | ratio |", "|---|---:|---:|---|---:|---|---:|"]
+    """Per setting, each of two engines in its fastest layout (what a deployment tuned for this machine gets), the
+    ratio of their best rounds, and their ratio in each round (the two layouts' turns alternated within it)."""
+    lines = [
+        f"| search | batch | {ours} | layout | {peer} | layout | ratio | each round |",
+        "|---|---:|---:|---|---:|---|---:|---|",
+    ]
     for beam, batch in sorted({(r.beam, r.batch) for r in results}):
         best = []
         for family in (ours, peer):
@@ -553,8 +560,9 @@ def best_layouts(results: list[Result], ours: str, peer: str) -> str:
             continue
         cells = [f"{r.tokens_per_second:,.0f} | {r.engine.partition('@')[2] or f'1x{THREADS}'}" for r in best]
         ratio = best[0].tokens_per_second / best[1].tokens_per_second
+        each = ", ".join(f"{a / b:.2f}" for a, b in zip(best[0].rounds, best[1].rounds, strict=False)) or "-"
         search = "greedy" if beam == 1 else f"beam {beam}"
-        lines.append(f"| {search} | {batch} | {cells[0]} | {cells[1]} | {ratio:.2f} |")
+        lines.append(f"| {search} | {batch} | {cells[0]} | {cells[1]} | {ratio:.2f} | {each} |")
     return "\n".join(lines)
 
 

@@ -57,6 +57,10 @@ def test_engines_run_in_workers_with_forced_lengths_and_report_tables(model_dir:
     fastest = max((r for r in results if r.beam == 1 and "ours-int8" in r.engine), key=lambda r: r.tokens_per_second)
     layout = fastest.engine.partition("@")[2] or f"1x{THREADS}"
     assert f"| greedy | 4 | {fastest.tokens_per_second:,.0f} | {layout} |" in best  # ours in its fastest layout
+    assert all(len(r.rounds) == 2 and r.tokens_per_second == max(r.rounds) for r in results)  # best of its rounds
+    other = next(r for r in results if (r.engine, r.beam, r.batch) == ("other", 1, 4))
+    each = ", ".join(f"{a / b:.2f}" for a, b in zip(fastest.rounds, other.rounds, strict=True))
+    assert next(line for line in best.splitlines() if line.startswith("| greedy |")).endswith(f"| {each} |")
     memory = memory_table(results, {e.name: e.loaded_rss_mb for e in engines})
     assert memory.count("\n") == 4 and "ours-int8" in memory
 
@@ -103,6 +107,7 @@ def test_engines_take_turns_within_a_round_and_each_rounds_turns_are_summed() ->
     assert set(by_name) == {"fast", "slow"}
     assert by_name["fast"].sentences == 20 and by_name["fast"].tokens == 20 * FORCED
     assert by_name["fast"].seconds == 20.0 and by_name["slow"].seconds == 40.0
+    assert by_name["fast"].rounds == (FORCED, FORCED) and by_name["slow"].rounds == (FORCED / 2, FORCED / 2)
     assert by_name["slow"].peak_rss_mb == 100.0 + 6  # the highest of its best round's turns (the first: a tie)
 
 
