@@ -509,6 +509,8 @@ class Scheduler:
         waits for an empty batch."""
         if self.limits.static and self.active:
             return []
+        if not self.waiting and len(self.shared.rows) == 1:  # (read without the lock: a newcomer waits one step)
+            return []  # nothing to admit, no other stream to tell what this one holds: nothing to count
         held = [r.job for r in self.active] + [job for encoding in self.encoding for job in encoding.jobs]
         rows = sum(job.options.beam_size for job in held)  # what the admitted sentences may grow to
         tokens = sum(job.reserved_tokens for job in held)
