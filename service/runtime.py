@@ -376,12 +376,12 @@ class OnnxRuntime:
         encoder_settings = replace(settings, intra_op_threads=settings.encoder_threads or settings.intra_op_threads)
         self.encoder = open_session(folder, spec.encoder, encoder_settings, self.shared["encoder"])
         release_freed_memory()
-        # the dense graph was measured on CPUs only: not beside CUDA, but where CUDA was asked for and this build
-        # lacks it (the steps run on the CPU)
-        cpu_only = "CUDAExecutionProvider" not in usable_providers(settings.providers)
-        dense = spec.decoder_step_dense if settings.dense_step and cpu_only else None  # format 10, and wanted
         self.decoder = open_session(folder, spec.decoder_step, settings, self.shared["decoder_step"])
         release_freed_memory()
+        self.providers = self.decoder.get_providers()  # those it has: CUDA asked for and absent runs on the CPU
+        on_cpu = self.providers == ["CPUExecutionProvider"]
+        # the dense graph was measured on CPUs only
+        dense = spec.decoder_step_dense if settings.dense_step and on_cpu else None  # format 10, and wanted
         self.dense_decoder: ort.InferenceSession | None = None
         if dense is not None:
             self.dense_decoder = open_session(folder, dense, settings, self.shared["decoder_step_dense"])
@@ -395,8 +395,6 @@ class OnnxRuntime:
             self.ragged = open_session(folder, ragged, settings, self.shared["decoder_step_ragged"])
             release_freed_memory()
             self._ragged_present = {role: ragged.named(f"present_cross_{role}") for role in ("key", "value")}
-        self.providers = self.decoder.get_providers()
-        on_cpu = self.providers == ["CPUExecutionProvider"]
         # ONNX Runtime copies a host input that a CUDA node reads when it is bound (IOBinding.bind_cpu_input), not
         # when the graph runs: on CUDA, step() binds again those that change in place every step (the others
         # change only with a new binding: DecoderCache._changed)
