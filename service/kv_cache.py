@@ -143,21 +143,30 @@ class DecoderCache:
             self._groups = group_rows(self.sentence, self.sentences)
         return self._groups
 
-    def add(self, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray) -> np.ndarray:
+    def add(
+        self, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray, owned: bool = False
+    ) -> np.ndarray:
         """New sentences with one row each and no steps yet: cross_keys and cross_values (L, b, H, S', Dh),
         src_mask (b, S'). They take the places `refill` left for them first, then join at the end. Returns the
         rows they took (b,). Into left places, and no wider than the live sources, they are written in place: the
-        arrays a step is given stay the same (lengths and src_mask changed in place), and so does its binding."""
+        arrays a step is given stay the same (lengths and src_mask changed in place), and so does its binding.
+        `owned`: the caller hands the arrays over and reads or writes them no more (an encoder pass's memory): into a
+        cache without sentences nor room for them, host arrays of its dtype whose layers are contiguous are then
+        taken as its buffers, not copied into new ones (`adopts`: a static batch's)."""
+        adopted = owned and src_mask.shape[1] >= self.src_mask.shape[1] and self.adopts(cross_keys, cross_values)
         b, width, first = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1]), self.sentences
         places, self._vacant = self._vacant[:b], self._vacant[b:]  # (v,) left for them, (the rest) for later ones
         appended = b - places.size
         if appended or width > self.src_mask.shape[1]:  # (a binding of copies was dropped by refill already)
             self._changed()
-            self._reserve(self.rows + appended, first + appended, width)
+            self._reserve(self.rows + appended, 0 if adopted else first + appended, 1 if adopted else width)
         rows = np.concatenate([places, np.arange(first, first + appended)])  # (b,)
         sliced = not self.on_gpu and b <= SLICED_ROWS  # a few rows: a slice copy each (see _copy_rows)
         targets = rows.tolist() if sliced else self.xp.asarray(rows)
         for name, new in (("cross_keys", cross_keys), ("cross_values", cross_values)):
+            if adopted:
+                self._store[name] = list(new)  # L x (b, H, S', Dh): every position its own, nothing to zero
+                continue
             for layer, new_layer in zip(self._store[name], self.xp.asarray(new), strict=True):  # (R', H, S, Dh)
                 span = new_layer.shape[TIME_AXIS]  # S'; the rest of the source axis is masked
                 if not places.size:  # rows at the end: one contiguous block
@@ -179,6 +188,20 @@ class DecoderCache:
         if places.size and not self._vacant.size:
             self._shrink()  # what refill left until its places were filled
         return rows
+
+    def adopts(self, cross_keys: Any, cross_values: Any) -> bool:
+        """Whether `add` takes these (L, b, H, S', Dh) arrays' layers as the cross buffers themselves: a cache
+        without sentences (nor rows, nor places left) whose buffers have fewer than b rows (they would be made
+        anew: a fresh cache; a server's, which keeps its room, copies into it), in host memory, and arrays of its
+        dtype, writable, whose layers are C-contiguous (a slice of a wider source axis is not: it is copied)."""
+        room = self._store["cross_keys"][0]  # (R', H, S, Dh)
+        if self.sentences or self.rows or self._vacant.size or self.on_gpu or room.shape[0] >= len(cross_keys[0]):
+            return False
+        return all(
+            isinstance(new, np.ndarray) and new.dtype == room.dtype and new.flags.writeable
+            and new[0].flags.c_contiguous
+            for new in (cross_keys, cross_values)
+        )
 
     def refill(self, rows: np.ndarray, room: int) -> np.ndarray:
         """`select` for rows that are each their own sentence, in order (greedy rows: `in_order`), keeping the

@@ -52,6 +52,56 @@ def test_rows_join_with_longer_sources_and_append_in_their_own_slots() -> None:
     assert stacked(cache.self_values)[1, 2, 2, 0].tolist() == [21.0] * 4
 
 
+def shares(layers: list[np.ndarray], memory: np.ndarray) -> list[bool]:
+    return [np.shares_memory(layer, memory) for layer in layers]
+
+
+def test_a_fresh_cache_takes_an_owned_memory_as_its_buffers_and_copies_any_other() -> None:
+    """`owned` (the encoder's memory, handed over): a cache that would make its cross buffers anew takes the
+    memory's layers as they are, and steps, joins and leaves as a cache that copied them. A memory not handed over,
+    a slice of a wider source axis, or a cache with room for the newcomers (a server's): copied."""
+    keys, values, mask = memory(3, 5, 1.0)
+    keys[:, 1], values[:, 2] = 7.0, 9.0  # (L, b, H, S, Dh) rows told apart
+    taker, copier = (DecoderCache(n_layers=2, n_heads=3, head_dim=4) for _ in range(2))
+    taker.add(keys, values, mask, owned=True)
+    copier.add(keys.copy(), values.copy(), mask)
+    assert shares(taker.cross_keys, keys) == [True, True] and shares(taker.cross_values, values) == [True, True]
+    assert all(layer.flags["C_CONTIGUOUS"] for layer in (*taker.cross_keys, *taker.cross_values))
+    for cache in (taker, copier):
+        append(cache, step(3, 10.0), step(3, 20.0))
+        cache.add(*memory(1, 8, 2.0), owned=True)  # a wider newcomer: the taken buffers give way to wider ones
+        cache.select(np.array([0, 3, 2]))  # the second sentence leaves, the newcomer takes its place
+        append(cache, step(3, 11.0), step(3, 21.0))
+    for mine, theirs in zip(
+        (taker.self_keys, taker.self_values, taker.cross_keys, taker.cross_values),
+        (copier.self_keys, copier.self_values, copier.cross_keys, copier.cross_values),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(stacked(mine), stacked(theirs))
+    assert taker.src_mask.tolist() == copier.src_mask.tolist() and taker.lengths.tolist() == [2, 1, 2]
+    assert stacked(taker.cross_values)[0, 2, 0, :, 0].tolist() == [9.0] * 5 + [0.0] * 3  # the third, padded
+
+    unowned = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    unowned.add(keys, values, mask)
+    sliced = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    sliced.add(keys[:, :, :, :4], values[:, :, :, :4], mask[:, :4], owned=True)  # layers not contiguous
+    assert not any(shares(unowned.cross_keys, keys) + shares(sliced.cross_keys, keys))
+    np.testing.assert_array_equal(stacked(sliced.cross_keys), keys[:, :, :, :4])
+
+    roomy = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    roomy.add(*memory(3, 8, 1.0), owned=True)
+    roomy.select(np.zeros(0, np.int64))  # every sentence leaves: its buffers keep room for 3
+    narrow_keys, narrow_values, narrow_mask = memory(2, 5, 3.0)
+    roomy.add(narrow_keys, narrow_values, narrow_mask, owned=True)
+    assert not any(shares(roomy.cross_keys, narrow_keys)) and roomy.sentences == 2
+    roomy.select(np.zeros(0, np.int64))
+    wide_keys, wide_values, wide_mask = memory(4, 3, 4.0)  # more than its room
+    roomy.add(wide_keys, wide_values, wide_mask, owned=True)
+    assert all(shares(roomy.cross_keys, wide_keys)) and roomy.src_mask.shape == (4, 3) and roomy.src_mask.all()
+    append(roomy, step(4, 1.0), step(4, 1.0))
+    assert roomy.lengths.tolist() == [1] * 4
+
+
 def test_select_reorders_and_drops_and_capacity_grows() -> None:
     cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
     cache.add(*memory(3, 2, 0.0))

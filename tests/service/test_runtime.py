@@ -331,6 +331,35 @@ def test_the_step_returns_the_candidates_its_searches_take(model_dir: Path) -> N
         assert caches[1].bound.width == 2 + 2 and caches[2].bound.width == wide.top_ids.shape[1] + 2
 
 
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_the_encoder_writes_every_layers_memory_into_one_array_that_a_static_batch_takes(
+    quantized: Path, variant: str
+) -> None:
+    """On the CPU the encoder's outputs are bound into one (2, L, b, H, S, Dh) array: the same values as the
+    session's own outputs, stacked; a static batch's fresh cache takes its layers as its buffers (no copy) and
+    decodes as from a copy (the decoding's reference: the same sources through a cache that copied them)."""
+    folder = load_model_folder(quantized)  # fp32 and int8
+    runtime, spec = OnnxRuntime(folder, variant), folder.variant(variant)
+    rng, cfg = np.random.default_rng(8), folder.manifest.config
+    mask = np.arange(9)[None] < np.array([9, 4, 6])[:, None]  # (3, 9) ragged sources
+    ids = np.where(mask, rng.integers(4, cfg.src_vocab_size, mask.shape), cfg.pad_id)  # (3, 9)
+    memory = runtime.encode(ids, mask)
+    outputs = runtime.encoder.run(None, {spec.encoder.one("src_ids"): ids, spec.encoder.one("src_mask"): mask})
+    by_name = dict(zip([o.name for o in runtime.encoder.get_outputs()], outputs, strict=True))
+    for got, role in ((memory.keys, "cross_key"), (memory.values, "cross_value")):
+        np.testing.assert_array_equal(got, np.stack([by_name[name] for name in spec.encoder.named(role)]))
+    assert memory.keys.base is not None and memory.keys.base is memory.values.base  # one array
+    taker, copier = runtime.new_cache(), runtime.new_cache()
+    taker.add(memory.keys, memory.values, mask, owned=True)
+    copier.add(memory.keys.copy(), memory.values.copy(), mask)
+    assert all(np.shares_memory(layer, memory.keys) for layer in taker.cross_keys)
+    for _ in range(5):
+        tokens = rng.integers(4, cfg.tgt_vocab_size, 3)
+        got, expected = runtime.step(tokens, taker, candidates=3), runtime.step(tokens, copier, candidates=3)
+        np.testing.assert_array_equal(got.top_ids, expected.top_ids)
+        np.testing.assert_array_equal(got.top_log_probs, expected.top_log_probs)
+
+
 def test_a_format_3_folder_is_served_with_its_fixed_top_k(model_dir: Path, tmp_path: Path) -> None:
     """Folders exported before format 4 keep working: the same translations, greedy and beam, from a TopK that
     always returns 19 candidates per row; the beams such a folder can serve stay bounded by them."""

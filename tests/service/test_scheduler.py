@@ -512,11 +512,11 @@ def test_a_failing_join_fails_its_batch_and_its_newcomers_and_the_worker_serves_
     scheduler.run_once()  # the first six run a step
     add, calls = DecoderCache.add, []
 
-    def failing_add(cache: DecoderCache, *args: np.ndarray) -> np.ndarray:
+    def failing_add(cache: DecoderCache, *args: np.ndarray, **kwargs: bool) -> np.ndarray:
         calls.append(cache.rows)
         if len(calls) == 1:
             raise RuntimeError("injected bookkeeping failure")
-        return add(cache, *args)
+        return add(cache, *args, **kwargs)
 
     monkeypatch.setattr(DecoderCache, "add", failing_add)
     joining = submit(scheduler, sources(2, seed=32), GREEDY)
