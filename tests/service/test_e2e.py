@@ -271,3 +271,57 @@ def test_a_port_out_of_range_stops_the_start_before_anything_loads(
         main([f"--port={port}"])
     assert stopped.value.code == 2
     assert "argument --port: " in capsys.readouterr().err
+
+
+class RecordingTransport:
+    """What a connection's transport was asked to do, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bytes]] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", data))
+
+    def close(self) -> None:
+        self.calls.append(("close", b""))
+        self.closing = True
+
+    def abort(self) -> None:
+        self.calls.append(("abort", b""))
+        self.closing = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_extra_info(self, name: str) -> str:
+        return f"extra {name}"
+
+
+def test_a_responses_headers_and_body_written_in_one_turn_of_the_loop_leave_in_one_send() -> None:
+    """uvicorn writes a response's headers, then its body: OneSendTransport sends them together, once the turn
+    that wrote them ends; a close sends what waits first, an abort drops it; the rest is the transport's own."""
+    from service.__main__ import OneSendTransport
+
+    async def scenario() -> list[list[tuple[str, bytes]]]:
+        loop, seen = asyncio.get_running_loop(), []
+        for ending in ("turn", "close", "abort"):
+            inner = RecordingTransport()
+            transport = OneSendTransport(inner, loop)  # type: ignore[arg-type]
+            transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+            transport.write(b"{}")
+            assert inner.calls == [] and transport.get_extra_info("peername") == "extra peername"
+            if ending == "close":
+                transport.close()
+            elif ending == "abort":
+                transport.abort()
+            await asyncio.sleep(0)  # the turn ends
+            transport.write(b"late")  # after a close: dropped, as the transport itself would
+            await asyncio.sleep(0)
+            seen.append(inner.calls)
+        return seen
+
+    turn, close, abort = asyncio.run(scenario())
+    assert turn == [("write", b"HTTP/1.1 200 OK\r\n\r\n{}"), ("write", b"late")]
+    assert close == [("write", b"HTTP/1.1 200 OK\r\n\r\n{}"), ("close", b"")]
+    assert abort == [("abort", b"")]
