@@ -53,11 +53,17 @@ class Result:
     tokens: int
     seconds: float
     peak_rss_mb: float
+    cpu_seconds: float = 0.0  # the worker's CPU time over `seconds`, all its threads
     rounds: tuple[float, ...] = ()  # tok/s in each round, in order (`benchmark` fills it in the best round's result)
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds
+
+    @property
+    def cores(self) -> float:
+        """The cores the engine kept busy on average: its CPU time over its wall time."""
+        return self.cpu_seconds / self.seconds
 
 
 def rss_mb(field: str = "VmHWM") -> float:
@@ -196,9 +202,9 @@ def worker(kind: str, args: dict[str, Any], conn: Any) -> None:
         sources, beam, batch, forced, warm_up = job
         if warm_up:
             engine.translate(sources[:batch], beam, batch, forced)  # at this shape, before a round's first turn
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         outputs = engine.translate(sources, beam, batch, forced)
-        conn.send((time.perf_counter() - started, outputs, rss_mb()))
+        conn.send((time.perf_counter() - started, outputs, rss_mb(), time.process_time() - cpu))
 
 
 def one_at_a_time(
@@ -235,9 +241,10 @@ class Engine:
     ) -> tuple[Result, list[list[int]]]:
         """The first `setting.sentences` sources, timed; `warm_up`: a batch of them untimed first."""
         self.conn.send((sources[: setting.sentences], setting.beam, setting.batch, forced, warm_up))
-        seconds, outputs, rss = self.conn.recv()
+        seconds, outputs, rss, cpu = self.conn.recv()
         tokens = sum(len(o) for o in outputs)
-        return Result(self.name, setting.beam, setting.batch, setting.sentences, tokens, seconds, rss), outputs
+        result = Result(self.name, setting.beam, setting.batch, setting.sentences, tokens, seconds, rss, cpu)
+        return result, outputs
 
     def alone(self, sources: list[list[int]]) -> tuple[list[float], list[list[int]]]:
         """one_at_a_time in the worker."""
@@ -511,13 +518,15 @@ def benchmark(engines: list[Engine], sources: list[list[int]], settings: list[Se
 
 
 def combined(first: Result, then: Result) -> Result:
-    """Two turns of one engine at one setting as one result: sentences, tokens and seconds added, the peak kept."""
+    """Two turns of one engine at one setting as one result: sentences, tokens and seconds (wall and CPU) added,
+    the peak kept."""
     return replace(
         first,
         sentences=first.sentences + then.sentences,
         tokens=first.tokens + then.tokens,
         seconds=first.seconds + then.seconds,
         peak_rss_mb=max(first.peak_rss_mb, then.peak_rss_mb),
+        cpu_seconds=first.cpu_seconds + then.cpu_seconds,
     )
 
 
@@ -530,8 +539,8 @@ def same_layout(engine: str, reference: str) -> str:
 def table(results: list[Result], reference: str = "ours-int8") -> str:
     by = {(r.engine, r.beam, r.batch): r for r in results}
     lines = [
-        f"| engine | search | batch | sentences/s | target tok/s | {reference} (same layout) ÷ this |",
-        "|---|---|---|---:|---:|---:|",
+        f"| engine | search | batch | sentences/s | target tok/s | cores | {reference} (same layout) ÷ this |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.beam, r.batch, -r.tokens_per_second)):
         ours = by.get((same_layout(r.engine, reference), r.beam, r.batch))  # a layout's ratio: ours in it
@@ -539,7 +548,7 @@ def table(results: list[Result], reference: str = "ours-int8") -> str:
         search = "greedy" if r.beam == 1 else f"beam {r.beam}"
         lines.append(
             f"| {r.engine} | {search} | {r.batch} | {r.sentences / r.seconds:,.1f} | {r.tokens_per_second:,.0f} "
-            f"| {ratio} |"
+            f"| {r.cores:.2f} | {ratio} |"
         )
     return "\n".join(lines)
 
@@ -591,7 +600,7 @@ def real_text(engines: list[Engine], corpus: Path, rounds: int, alone: int | Non
     ids = [tokenizer.encode(s, "fr") for s in sources]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # length-sorted batches, as a server would
     setting = Setting(beam=1, batch=32, sentences=len(ids))
-    rows: dict[str, tuple[float, float, float]] = {}
+    rows: dict[str, tuple[float, float, float, float]] = {}
     for round_ in range(rounds):
         for engine in rotated(engines, round_):
             result, outputs = engine.run([ids[i] for i in order], setting, None)
@@ -602,7 +611,7 @@ def real_text(engines: list[Engine], corpus: Path, rounds: int, alone: int | Non
             speed = tokens / result.seconds
             if engine.name not in rows or speed > rows[engine.name][2]:
                 bleu = sacrebleu.corpus_bleu(texts, [references]).score
-                rows[engine.name] = (bleu, sacrebleu.corpus_chrf(texts, [references]).score, speed)
+                rows[engine.name] = (bleu, sacrebleu.corpus_chrf(texts, [references]).score, speed, result.cores)
     text = "Real text: the default model's test set, greedy, batch 32\n" + real_text_table(rows)
     if alone == 0:
         return text
@@ -670,14 +679,17 @@ def latency_table(rows: dict[str, tuple[list[float], int]], reference: str = "ou
     return "\n".join(lines)
 
 
-def real_text_table(rows: dict[str, tuple[float, float, float]], reference: str = "ours-int8") -> str:
-    """The real-text run's rows (engine: BLEU, chrF, target tok/s), fastest first, each against `reference` in
-    its own layout."""
-    lines = [f"| engine | BLEU | chrF | target tok/s | {reference} (same layout) ÷ this |", "|---|---:|---:|---:|---:|"]
-    for name, (bleu, chrf, speed) in sorted(rows.items(), key=lambda kv: -kv[1][2]):
+def real_text_table(rows: dict[str, tuple[float, float, float, float]], reference: str = "ours-int8") -> str:
+    """The real-text run's rows (engine: BLEU, chrF, target tok/s, cores kept busy), fastest first, each against
+    `reference` in its own layout; tok/s per core says what a layout's second core brought (two streams of one
+    engine that take more CPU than its one stream for the same pass lose to the memory both cores share)."""
+    head = f"| engine | BLEU | chrF | target tok/s | cores | tok/s a core | {reference} (same layout) ÷ this |"
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, (bleu, chrf, speed, cores) in sorted(rows.items(), key=lambda kv: -kv[1][2]):
         ours = rows.get(same_layout(name, reference))
         ratio = f"{ours[2] / speed:.2f}" if ours else "-"
-        lines.append(f"| {name} | {bleu:.1f} | {chrf:.1f} | {speed:,.0f} | {ratio} |")
+        per_core = f"{speed / cores:,.0f}" if cores else "-"
+        lines.append(f"| {name} | {bleu:.1f} | {chrf:.1f} | {speed:,.0f} | {cores:.2f} | {per_core} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -47,6 +47,7 @@ def test_engines_run_in_workers_with_forced_lengths_and_report_tables(model_dir:
     assert tokens == expected | {("ours-int8@2x1", 4): 6 * FORCED}  # every output forced
     assert streamed == solo  # two sub-batches at once: the same outputs, in the sources' order
     assert all(r.peak_rss_mb >= engines[0].loaded_rss_mb * 0.5 and r.seconds > 0 for r in results)
+    assert all(0 < r.cores <= THREADS + 0.5 for r in results)  # the worker's CPU time over its wall time
     speeds = table(results)
     assert "| ours-int8 | greedy | 4 |" in speeds and "| other | beam 2 | 1 |" in speeds
     assert "| ours-int8@2x1 | greedy | 4 |" in speeds and "ours-int8@2x1 | beam 2" not in speeds
@@ -82,6 +83,7 @@ class TurnTaker:
             setting.sentences * forced,
             seconds,
             100.0 + len(self.log),
+            seconds / 2,  # half a core busy
         )
         return result, [[7] * forced] * setting.sentences
 
@@ -107,20 +109,22 @@ def test_engines_take_turns_within_a_round_and_each_rounds_turns_are_summed() ->
     assert set(by_name) == {"fast", "slow"}
     assert by_name["fast"].sentences == 20 and by_name["fast"].tokens == 20 * FORCED
     assert by_name["fast"].seconds == 20.0 and by_name["slow"].seconds == 40.0
+    assert by_name["slow"].cpu_seconds == 20.0 and by_name["slow"].cores == 0.5  # CPU time summed over turns too
     assert by_name["fast"].rounds == (FORCED, FORCED) and by_name["slow"].rounds == (FORCED / 2, FORCED / 2)
     assert by_name["slow"].peak_rss_mb == 100.0 + 6  # the highest of its best round's turns (the first: a tie)
 
 
 def test_real_text_ratios_set_each_layout_against_ours_in_it() -> None:
     rows = {
-        "ours-int8@1x1": (39.4, 59.2, 8_000.0),
-        "ct2-int8@1x1": (39.5, 59.2, 10_000.0),
-        "ct2-int8": (39.5, 59.2, 5_000.0),
+        "ours-int8@1x1": (39.4, 59.2, 8_000.0, 1.0),
+        "ct2-int8@1x1": (39.5, 59.2, 10_000.0, 1.0),
+        "ct2-int8": (39.5, 59.2, 5_000.0, 2.0),
     }
     lines = real_text_table(rows).splitlines()
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| ct2-int8@1x1", "| ours-int8@1x1", "| ct2-int8"]
-    assert lines[2].endswith("| 10,000 | 0.80 |") and lines[3].endswith("| 8,000 | 1.00 |")
-    assert lines[4].endswith("| 5,000 | - |")  # no plain ours-int8 in this run: no ratio, not nan
+    assert lines[2].endswith("| 10,000 | 1.00 | 10,000 | 0.80 |")  # tok/s, cores, tok/s a core, the ratio
+    assert lines[3].endswith("| 8,000 | 1.00 | 8,000 | 1.00 |")
+    assert lines[4].endswith("| 5,000 | 2.00 | 2,500 | - |")  # no plain ours-int8 in this run: no ratio, not nan
 
 
 def test_each_sentence_alone_is_timed_on_every_engine_of_one_stream(model_dir: Path) -> None:
