@@ -151,7 +151,7 @@ class Metrics:
             self.http_requests.labels("/translate", "POST", status)
 
     def add_model(self, model: str, queue_capacity: int) -> None:
-        """A loaded model's series, its counts at 0 (see above) and its queue's capacity."""
+        """A loaded model's series, its counts at 0 (see above), its queue empty and its queue's capacity."""
         for counter in (
             self.sentences,
             self.input_tokens,
@@ -162,4 +162,5 @@ class Metrics:
             self.inference_errors,
         ):
             counter.labels(model)
+        self.queue_depth.labels(model).set(0)  # an alert on a full queue reads "empty", not "no data", until then
         self.queue_capacity.labels(model).set(queue_capacity)

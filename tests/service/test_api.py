@@ -249,7 +249,7 @@ def test_languages_models_health_ready_metrics(client: TestClient) -> None:
 
 def test_the_counts_alerts_read_are_there_at_0_from_the_start(model_dir: Path) -> None:
     """A series that first appears at 6 has no increase to Prometheus: the first errors after a start went unseen.
-    The queue's capacity is exported, for an alert on how full it is."""
+    The queue's depth (0) and capacity are exported, for an alert on how full it is."""
     with TestClient(create_app(settings_for(model_dir, max_queue_sentences=100))) as c:
         families = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
 
@@ -264,6 +264,7 @@ def test_the_counts_alerts_read_are_there_at_0_from_the_start(model_dir: Path) -
     for counter in ("mt_deadline_expired", "mt_inference_errors", "mt_cancelled_requests", "mt_truncated_sentences"):
         assert value(counter, model=model) == 0.0, counter
     assert value("mt_queue_capacity_sentences", model=model) == 100.0
+    assert value("mt_queue_depth", model=model) == 0.0
 
 
 @pytest.mark.parametrize(
