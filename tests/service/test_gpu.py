@@ -120,7 +120,7 @@ def test_continuous_batching_on_the_gpu_cache_gives_each_sentence_its_solo_resul
         assert [h.tokens for h in ticket.results[0]] == [h.tokens for h in alone]
 
 
-def _one_attention_graph(heads: int, head_dim: int, dtype: int) -> bytes:
+def one_attention_graph(heads: int, head_dim: int, dtype: int) -> bytes:
     """A step graph of GroupQueryAttention alone, fed as ours feeds it: Q, K and V packed (B, 1, 3D), the cache as
     past and present, seqlens_k (B,) the row's cached steps, total_sequence_length () the longest row with this step."""
     from onnx import TensorProto, helper
@@ -166,7 +166,7 @@ def test_group_query_attention_alone_writes_the_bound_cache_in_place(head_dim: i
 
     heads, rows, slots = 2, 3, 8
     d = heads * head_dim
-    session = ort.InferenceSession(_one_attention_graph(heads, head_dim, TensorProto.FLOAT16), providers=CUDA.providers)
+    session = ort.InferenceSession(one_attention_graph(heads, head_dim, TensorProto.FLOAT16), providers=CUDA.providers)
     rng = np.random.default_rng(head_dim)
     positions = np.array([1, 3, 2], np.int32)  # (B,) cached steps: each row writes at its own slot
     qkv = rng.standard_normal((rows, 1, 3 * d)).astype(np.float16)  # (B, 1, 3D)
@@ -182,17 +182,32 @@ def test_group_query_attention_alone_writes_the_bound_cache_in_place(head_dim: i
         binding.bind_input(f"past_{role}", "cuda", 0, np.float16, shape, buffer.data.ptr)
         binding.bind_output(f"present_{role}", "cuda", 0, np.float16, shape, buffer.data.ptr)
     session.run_with_iobinding(binding)
-    context = binding.copy_outputs_to_cpu()[0].astype(np.float64)  # (B, 1, D)
+    after = {role: buffer.get() for role, buffer in cache.items()}  # (B, H, T, Dh) each
+    assert_written_in_place(qkv, positions, past, after, binding.copy_outputs_to_cpu()[0], heads, atol=2e-2)
+
+
+def assert_written_in_place(
+    qkv: np.ndarray, positions: np.ndarray, past: dict, after: dict, context: np.ndarray, heads: int, atol: float
+) -> None:
+    """What one GroupQueryAttention step (one_attention_graph) over a cache bound in place must leave: each row's new
+    key and value at slot positions[b] of `after` (role -> (B, H, T, Dh), the cache after the step; `past` before it)
+    and nowhere else, and its output `context` (B, 1, D) softmax(q k^T) v over slots 0..positions[b] (numpy,
+    float64)."""
+    rows, _, three_d = qkv.shape
+    d = three_d // 3
+    head_dim, slots = d // heads, past["key"].shape[2]
+    context = context.astype(np.float64)  # (B, 1, D)
     q, k, v = (qkv[:, 0, i * d : (i + 1) * d].reshape(rows, heads, head_dim).astype(np.float64) for i in range(3))
     for row, slot in enumerate(positions):
-        after = {role: cache[role][row].get() for role in cache}  # (H, T, Dh)
         for role, new in (("key", k[row]), ("value", v[row])):
             others = np.arange(slots) != slot
-            assert np.array_equal(after[role][:, others], past[role][row][:, others]), f"row {row}: other slots moved"
-            assert np.allclose(after[role][:, slot], new, atol=1e-3), f"row {row}: the {role} not at slot {slot}"
-        keys, values = after["key"][:, : slot + 1].astype(np.float64), after["value"][:, : slot + 1]  # (H, t, Dh)
+            moved = after[role][row][:, others]  # (H, T - 1, Dh)
+            assert np.array_equal(moved, past[role][row][:, others]), f"row {row}: other slots moved"
+            assert np.allclose(after[role][row][:, slot], new, atol=1e-3), f"row {row}: the {role} not at slot {slot}"
+        keys = after["key"][row][:, : slot + 1].astype(np.float64)  # (H, t, Dh)
+        values = after["value"][row][:, : slot + 1].astype(np.float64)  # (H, t, Dh)
         scores = np.einsum("hd,htd->ht", q[row], keys)  # (H, t)
         weights = np.exp(scores - scores.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)  # (H, t)
-        expected = np.einsum("ht,htd->hd", weights, values.astype(np.float64)).reshape(d)  # (D,)
-        assert np.allclose(context[row, 0], expected, atol=2e-2), f"row {row}: the attention output"
+        expected = np.einsum("ht,htd->hd", weights, values).reshape(d)  # (D,)
+        assert np.allclose(context[row, 0], expected, atol=atol), f"row {row}: the attention output"

@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from service import runtime as runtime_module
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
 from service.errors import ModelFolderError
@@ -28,6 +29,7 @@ from service.runtime import (
     StepBinding,
     _warn_missing,
     gpu_array_module,
+    host_device,
     usable_providers,
 )
 from service.settings import SHIPPED_MODELS, Settings, available_cores
@@ -48,6 +50,7 @@ from service.translator import (
     step_graphs,
 )
 from tests.fakes import PatientSteps
+from tests.service.test_gpu import assert_written_in_place, one_attention_graph
 
 
 def test_cpu_is_always_the_fallback() -> None:
@@ -736,6 +739,34 @@ def _scheduled(
     while not scheduler.idle:
         scheduler.run_once()
     return [ticket.results[0][0].tokens if ticket.error is None else ticket.error for ticket in tickets]
+
+
+def test_a_cache_bound_by_device_pointer_is_read_and_written_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """StepBinding.device_input binds a CUDA cache (CuPy) by its device pointer as a step's past and present
+    (bind_gpu_cache). CI has no GPU, so here it binds host memory by pointer with the CPU's device in place of the
+    GPU's: the same call into ONNX Runtime but for the device. One GroupQueryAttention step must write each row's key
+    and value at its own slot of the very buffers bound, and read them."""
+    monkeypatch.setattr(runtime_module, "gpu_device", lambda device: host_device())
+    heads, head_dim, rows, slots = 2, 8, 3, 8
+    graph = one_attention_graph(heads, head_dim, onnx.TensorProto.FLOAT)
+    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    positions = np.array([1, 3, 2], np.int32)  # (B,) cached steps
+    qkv = rng.standard_normal((rows, 1, 3 * heads * head_dim)).astype(np.float32)  # (B, 1, 3D)
+    past = {role: rng.standard_normal((rows, heads, slots, head_dim)).astype(np.float32) for role in ("key", "value")}
+    cache = {role: array.copy() for role, array in past.items()}  # (B, H, T, Dh): the "device" buffers
+    context = np.zeros((rows, 1, heads * head_dim), np.float32)  # (B, 1, D)
+    binding = StepBinding(session)
+    binding.host_input("qkv", qkv)
+    binding.host_input("seqlens_k", positions)
+    binding.host_input("total_sequence_length", np.array(positions.max() + 1, np.int32))
+    binding.host_output("context", context)
+    for role, array in cache.items():  # as CuPy arrays show themselves: dtype, shape and data.ptr
+        pointer = types.SimpleNamespace(ptr=array.ctypes.data)
+        by_pointer = types.SimpleNamespace(dtype=array.dtype, shape=array.shape, data=pointer)
+        binding.device_input(f"past_{role}", 0, by_pointer, f"present_{role}")
+    binding.run()
+    assert_written_in_place(qkv, positions, past, cache, context, heads, atol=1e-4)
 
 
 @pytest.mark.parametrize("variant", ["fp32", "int8"])  # int8: its one-row step graph too
