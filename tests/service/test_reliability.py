@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -111,13 +111,14 @@ def live(model_dir: Path) -> Iterator[str]:
         yield url
 
 
-def wait_for(condition: object, seconds: float, what: str) -> None:
+def wait_for(condition: Callable[[], object], seconds: float, what: str | Callable[[], str]) -> None:
+    """Until `condition()` is true; else fails saying `what` (a callable: what was seen last, for CI's log)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
+        if condition():
             return
         time.sleep(0.05)
-    raise AssertionError(f"{what} within {seconds} s")
+    raise AssertionError(f"{what() if callable(what) else what} within {seconds} s")
 
 
 def slow_request_in_flight(url: str, texts: int) -> tuple[threading.Thread, dict[str, httpx.Response]]:
@@ -250,15 +251,16 @@ def test_a_client_that_disconnects_frees_its_rows(live: str) -> None:
 
     asyncio.run(asyncio.wait_for(send_and_leave(), 30))
 
+    seen: dict[str, float] = {}
+
     def freed() -> bool:
         text = httpx.get(f"{live}/metrics").text
-        return (
-            metric(text, "mt_cancelled_requests_total", labels) == before + 1
-            and metric(text, "mt_requests_in_flight") == 0
-            and metric(text, "mt_queue_depth", labels) == 0
-        )
+        seen["cancelled"] = metric(text, "mt_cancelled_requests_total", labels) - before
+        seen["in flight"] = metric(text, "mt_requests_in_flight")
+        seen["queued"] = metric(text, "mt_queue_depth", labels)
+        return seen == {"cancelled": 1, "in flight": 0, "queued": 0}
 
-    wait_for(freed, 20, "the cancelled request's rows were not freed")
+    wait_for(freed, 20, lambda: f"the cancelled request's rows were not freed (last seen: {seen})")
     answers_normally(httpx.Client(base_url=live))
 
 
