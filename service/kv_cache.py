@@ -12,6 +12,11 @@ or, for a float16 graph on CUDA, CuPy arrays in GPU memory (the same array API: 
 Each layer's keys and values are an array of their own, (B, H, time, Dh): an append writes contiguous
 Dh vectors, and a buffer that grows or shrinks does so one layer at a time, so that the old and the new
 buffer are never both whole in memory (on the paper-size model at beam 4 x 32 that transient set the peak).
+In GPU memory the layers are instead views of one (L, R, H, time, Dh) array per buffer (`stacked`): each is
+still contiguous, and a reorder moves every layer's rows in one gather and one scatter, where a CuPy operation
+per layer cost ~30 us of host time before the GPU did anything (beam 4 x 32 of the paper-size model on an H200:
+24 such operations a step). A stacked buffer is resized whole (the old and the new both in GPU memory for that
+moment).
 
 The four big buffers have room for more rows (sentences) than are live (like a growing list), so that rows
 join, leave and follow their parents in place: a continuous batch that a sentence joins at every step never
@@ -40,6 +45,7 @@ makes after it (`grow_instead`).
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 from types import ModuleType
 from typing import Any
@@ -74,6 +80,7 @@ class DecoderCache:
         bound_copies: bool = False,
         reserve: int | None = None,
         dense: bool = False,
+        stacked: bool | None = None,
     ) -> None:
         """`dtype`: the graphs' cache dtype (float16 for the fp16 variant); `xp`: the module the four buffers live
         in, numpy (host memory) or CuPy (GPU memory, for a step graph that runs on CUDA). The small per-row index
@@ -84,19 +91,23 @@ class DecoderCache:
         `dense`: for a step graph whose self-attention reads every slot of the time axis, masking those past each
         row's own (format 10's dense step graph): the axis grows as rows need, and every slot a row has not written
         reads as zeros or as what an earlier row wrote there, never as uninitialised memory (whose NaNs a masked
-        score would still carry into the softmax)."""
+        score would still carry into the softmax). `stacked`: each buffer's layers as views of one array (see the
+        module's docstring); None: in GPU memory only. A stacked cache reserves nothing."""
         self.n_layers, self.n_heads, self.head_dim, self.xp = n_layers, n_heads, head_dim, xp
         self.bound_copies = bound_copies
         self.dense = dense
-        self.reserved = reserve is not None and xp is np and not _refused and not dense
+        self.stacked = xp is not np if stacked is None else stacked
+        self.reserved = reserve is not None and xp is np and not _refused and not dense and not self.stacked
         self._written = 0  # slots the rows have written since the last release (reserved buffers)
         time = reserve if self.reserved else MIN_CAPACITY
-        self._store = {  # per layer (R, H, T, Dh) for rows, (R', H, S, Dh) for sentences; past the live ones: free
-            name: [
-                xp.zeros((0, n_heads, time if name.startswith("self") else 1, head_dim), dtype) for _ in range(n_layers)
-            ]
-            for name in BUFFERS
-        }
+        self._store: dict[str, list[Any]] = {}  # per layer (R, H, T, Dh) for rows, (R', H, S, Dh) for sentences
+        self._stacks: dict[str, Any] = {}  # (L, R, H, T, Dh) or (L, R', H, S, Dh), whose layers _store views
+        for name in BUFFERS:
+            shape = (0, n_heads, time if name.startswith("self") else 1, head_dim)  # past the live rows: free room
+            if self.stacked:
+                self._set_stack(name, xp.zeros((n_layers, *shape), dtype))
+            else:
+                self._store[name] = [xp.zeros(shape, dtype) for _ in range(n_layers)]
         self.lengths = np.zeros(0, np.int64)  # (B,) steps cached per row = the position of its next token
         self.sentence = np.zeros(0, np.int64)  # (B,) each row's sentence: its index in the cross buffers
         self.src_mask = np.zeros((0, 1), np.bool_)  # (N, S) per sentence
@@ -105,6 +116,11 @@ class DecoderCache:
         self._vacant = np.zeros(0, np.int64)  # places refill left for joining sentences, which `add` fills first
         self.bound: Any = None  # a runtime's binding of the arrays a step is given (service/runtime.py); see _changed
         self.most_steps: int | None = None  # the most steps any live row's search may take: the time axis's ceiling
+
+    def _set_stack(self, name: str, stack: Any) -> None:
+        """A stacked buffer (L, R, H, T, Dh) and its layers' views."""
+        self._stacks[name] = stack
+        self._store[name] = list(stack)  # L x (R, H, T, Dh) contiguous views
 
     @property
     def rows(self) -> int:
@@ -193,9 +209,10 @@ class DecoderCache:
         """Whether `add` takes these (L, b, H, S', Dh) arrays' layers as the cross buffers themselves: a cache
         without sentences (nor rows, nor places left) whose buffers have fewer than b rows (they would be made
         anew: a fresh cache; a server's, which keeps its room, copies into it), in host memory, and arrays of its
-        dtype, writable, whose layers are C-contiguous (a slice of a wider source axis is not: it is copied)."""
+        dtype, writable, whose layers are C-contiguous (a slice of a wider source axis is not: it is copied); not into
+        a stacked cache, whose layers are views of its own arrays."""
         room = self._store["cross_keys"][0]  # (R', H, S, Dh)
-        if self.sentences or self.rows or self._vacant.size or self.on_gpu or room.shape[0] >= len(cross_keys[0]):
+        if self.sentences or self.rows or self._vacant.size or self.stacked or room.shape[0] >= len(cross_keys[0]):
             return False
         return all(
             isinstance(new, np.ndarray) and new.dtype == room.dtype and new.flags.writeable
@@ -252,8 +269,7 @@ class DecoderCache:
         if n > self.rows:
             self._reserve(n, self.sentences, self.src_mask.shape[1])
         filled = int(self.lengths[parents].max(initial=0))  # the most slots a copied row has written
-        for name in ("self_keys", "self_values"):
-            self._copy_rows(name, moved, parents, filled)
+        self._copy_rows(("self_keys", "self_values"), moved, parents, filled)
         if n == self.rows and (self.sentence[parents] == self.sentence[moved]).all():
             return  # beams changing parents within their sentences, whose rows all have the sentence's length:
             # lengths, sentences and groups hold, and nothing can shrink
@@ -295,8 +311,7 @@ class DecoderCache:
         if not moved.size:
             return
         parents = self.sentence[moved]  # (m,) where their sources are: a permutation of the same places
-        for name in ("cross_keys", "cross_values"):
-            self._copy_rows(name, moved, parents, self.src_mask.shape[1])  # reads every parent before writing
+        self._copy_rows(("cross_keys", "cross_values"), moved, parents, self.src_mask.shape[1])  # reads all first
         self.src_mask = self.src_mask[self.sentence]  # (N, S) row i's
         self.sentence = np.arange(self.rows)  # (B,)
 
@@ -315,11 +330,9 @@ class DecoderCache:
             self._reserve(count, count, self.src_mask.shape[1])
         if moved.size:
             filled = int(self.lengths[parents].max())  # the most slots a copied row has written
-            for name in ("self_keys", "self_values"):
-                self._copy_rows(name, moved, parents, filled)
+            self._copy_rows(("self_keys", "self_values"), moved, parents, filled)
             used = np.flatnonzero(self.src_mask[parents].any(axis=0))  # (S',) source positions the movers have
-            for name in ("cross_keys", "cross_values"):
-                self._copy_rows(name, moved, parents, int(used[-1]) + 1 if used.size else 0)
+            self._copy_rows(("cross_keys", "cross_values"), moved, parents, int(used[-1]) + 1 if used.size else 0)
         if count == before:  # open places only, in place
             self.lengths[vacant] = 0
         else:  # open places (-1) read the last row, then are cleared: no steps, no source until add
@@ -342,16 +355,15 @@ class DecoderCache:
         movers = np.flatnonzero(live[kept:]) + kept  # (m,) live sentences past the new end
         holes = np.flatnonzero(~live[:kept])  # (m,) the places they take
         used = np.flatnonzero(self.src_mask[movers].any(axis=0))  # (S',) source positions the movers have
-        for name in ("cross_keys", "cross_values"):
-            self._copy_rows(name, holes, movers, int(used[-1]) + 1 if used.size else 0)
+        self._copy_rows(("cross_keys", "cross_values"), holes, movers, int(used[-1]) + 1 if used.size else 0)
         self.src_mask[holes] = self.src_mask[movers]  # (m, S)
         self.src_mask = self.src_mask[:kept]  # (N', S) contiguous: the first rows of a C-order array
         renamed = np.arange(len(live))  # (N,)
         renamed[movers] = holes
         self.sentence = renamed[self.sentence]  # (B,)
 
-    def _copy_rows(self, name: str, targets: np.ndarray, parents: np.ndarray, width: int) -> None:
-        """Rows `targets` take rows `parents`' first `width` time slots, one layer at a time (a beam that
+    def _copy_rows(self, names: tuple[str, ...], targets: np.ndarray, parents: np.ndarray, width: int) -> None:
+        """In each buffer of `names`, rows `targets` take rows `parents`' first `width` time slots (a beam that
         continues its own row, the common case, costs nothing). Up to SLICED_ROWS rows of which none is both read
         and written (always, for beams that keep their count: a parent keeps its own row; and for the rows that
         fill finished ones: they come from past the new count) are each one slice copy, no temporary: numpy's fancy
@@ -359,17 +371,25 @@ class DecoderCache:
         25 us). More rows, or rows read and written, or buffers on the GPU (a kernel per slice): one fancy-indexed
         copy per layer, whose right side is a temporary of one layer's moved rows, so that every parent is read
         before any row is written; past a few rows of a few slots it is the faster (16 rows of 2 slots: 44 against
-        91 us), and it beats np.take on this strided slice (3.5 vs 6.3 ms per buffer at 128 rows, 20 of 32 slots)."""
+        91 us), and it beats np.take on this strided slice (3.5 vs 6.3 ms per buffer at 128 rows, 20 of 32 slots).
+        Stacked buffers: one such copy per buffer, every layer at once; the indexes go to the GPU once for all."""
         if not targets.size or not width:
             return
         if not self.on_gpu and targets.size <= SLICED_ROWS:
             rows, sources = targets.tolist(), parents.tolist()
             if set(rows).isdisjoint(sources):
-                self._copy_slices(name, rows, sources, width)
+                for name in names:
+                    self._copy_slices(name, rows, sources, width)
                 return
-        targets, parents = self.xp.asarray(targets), self.xp.asarray(parents)  # (m,) on the buffers' device
-        for layer in self._store[name]:  # (R, H, T, Dh)
-            layer[targets, :, :width] = layer[parents, :, :width]  # (m, H, width, Dh)
+        if self.on_gpu:
+            targets, parents = self.xp.asarray(np.stack([targets, parents]))  # (m,) each, in GPU memory: one copy
+        for name in names:
+            if self.stacked:
+                stack = self._stacks[name]  # (L, R, H, T, Dh)
+                stack[:, targets, :, :width] = stack[:, parents, :, :width]  # (L, m, H, width, Dh)
+                continue
+            for layer in self._store[name]:  # (R, H, T, Dh)
+                layer[targets, :, :width] = layer[parents, :, :width]  # (m, H, width, Dh)
 
     def _copy_slices(self, name: str, targets: list[int], parents: list[int], width: int) -> None:
         """`_copy_rows` one slice copy a row and layer, no temporary: for host buffers and rows of which none is
@@ -434,6 +454,11 @@ class DecoderCache:
         its rows are copied."""
         store, live = self._store[name], self.rows if name.startswith("self") else self.sentences
         self._changed()
+        if self.stacked:  # every layer at once (self-attention reads only written slots: those alone are copied)
+            written = int(self.lengths.max(initial=0)) if name.startswith("self") else None
+            zeroed = self.dense or not name.startswith("self")
+            self._set_stack(name, resized(self._stacks[name], rows, time, live, self.xp, zeroed, written))
+            return
         if name.startswith("self"):  # self-attention reads only written slots: those alone are copied
             written, lazy = int(self.lengths.max(initial=0)), self.reserved
             try:
@@ -507,20 +532,22 @@ def resized(
     written: int | None = None,
     lazy: bool = False,
 ) -> Any:
-    """(R, H, T, Dh) -> (rows, H, time, Dh): the first `live` rows' first min(T, time, `written`) slots kept; zeros
+    """(R, H, T, Dh) -> (rows, H, time, Dh), or a stacked buffer's (L, R, H, T, Dh) -> (L, rows, H, time, Dh), the
+    first `live` rows' first min(T, time, `written`) slots kept; zeros
     elsewhere, or (not `zeroed`) whatever the memory held: for buffers whose other slots nobody reads (self-attention
     reads each row's written slots only, tests/service/test_runtime.py), where zeroing took a third of a regrowth.
     Cross-attention weighs masked source positions by exactly zero, and zero times NaN is NaN: its buffers are
     zeroed. `lazy`: a host buffer whose pages come as they are written (`lazy_zeros`) from LAZY_BYTES up; a smaller
     one (a few rows) from the allocator, whose reused memory costs no system calls or page faults (the default model's
     one-row cache: 230 against 330 us a sentence of 12 steps). `layer`: a numpy or CuPy array (xp's)."""
-    shape = (rows, layer.shape[1], time, layer.shape[3])
-    if lazy and rows * layer.shape[1] * time * layer.shape[3] * layer.itemsize >= LAZY_BYTES:
+    *layers, _, heads, slots, head_dim = layer.shape  # ([L,] R, H, T, Dh)
+    shape = (*layers, rows, heads, time, head_dim)
+    if lazy and math.prod(shape) * layer.itemsize >= LAZY_BYTES:
         out = lazy_zeros(shape, layer.dtype)  # (rows, H, time, Dh)
     else:
-        out = xp.zeros(shape, layer.dtype) if zeroed else xp.empty(shape, layer.dtype)  # (rows, H, time, Dh)
-    kept = min(time, layer.shape[TIME_AXIS], layer.shape[TIME_AXIS] if written is None else written)
-    out[:live, :, :kept] = layer[:live, :, :kept]  # (live, H, kept, Dh)
+        out = xp.zeros(shape, layer.dtype) if zeroed else xp.empty(shape, layer.dtype)  # ([L,] rows, H, time, Dh)
+    kept = min(time, slots, slots if written is None else written)
+    out[..., :live, :, :kept, :] = layer[..., :live, :, :kept, :]  # ([L,] live, H, kept, Dh)
     return out
 
 

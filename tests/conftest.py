@@ -56,9 +56,9 @@ def unwritten_cache_slots_hold_nan(monkeypatch: pytest.MonkeyPatch) -> None:
     ) -> Any:
         out = original(layer, rows, time, live, xp, zeroed, written, lazy)
         if not zeroed and np.issubdtype(out.dtype, np.floating):
-            kept = min(time, layer.shape[kv_cache.TIME_AXIS], time if written is None else written)
-            out[live:] = np.nan  # (rows - live, H, time, Dh)
-            out[:live, :, kept:] = np.nan  # (live, H, slots not copied, Dh)
+            kept = min(time, layer.shape[-2], time if written is None else written)  # of ([L,] R, H, T, Dh)
+            out[..., live:, :, :, :] = np.nan  # ([L,] rows - live, H, time, Dh)
+            out[..., :live, :, kept:, :] = np.nan  # ([L,] live, H, slots not copied, Dh)
         return out
 
     monkeypatch.setattr(kv_cache, "resized", poisoned)

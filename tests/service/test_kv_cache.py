@@ -739,3 +739,55 @@ def test_a_small_reserved_buffer_comes_from_the_allocator_and_a_large_one_is_add
     assert small.self_keys[0].nbytes < kv_cache.LAZY_BYTES <= large.self_keys[0].nbytes
     assert kv_cache.mapping(small.self_keys[0]) is None and kv_cache.mapping(large.self_keys[0]) is not None
     assert small.capacity == 2048 and large.capacity == 8192
+
+
+class DeviceMemory:
+    """numpy standing in for CuPy: a cache given it takes itself to be in GPU memory (`on_gpu`, `stacked`), and each
+    host array it sends there (`asarray`) is counted."""
+
+    zeros, empty = staticmethod(np.zeros), staticmethod(np.empty)
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, ...]] = []
+
+    def asarray(self, array: np.ndarray) -> np.ndarray:
+        self.sent.append(np.shape(array))
+        return np.array(array)  # a copy, as a transfer to the GPU is
+
+
+def test_a_stacked_cache_keeps_every_row_as_a_cache_of_layers_does_through_joins_beams_and_leaves() -> None:
+    """Layers as views of one array per buffer (a GPU cache's layout) against arrays of their own, through the
+    same random operations; the views stay contiguous and the stacks' own, through every resize."""
+    caches = [DecoderCache(n_layers=2, n_heads=3, head_dim=4, stacked=s) for s in (False, True)]
+    layered, stacked_cache = caches
+    agree_through_random_ops(caches)
+    assert not layered.stacked and stacked_cache.stacked and not stacked_cache.reserved
+    assert max(layered.lengths) > MIN_CAPACITY  # the time axis grew
+    for name in ("self_keys", "self_values", "cross_keys", "cross_values"):
+        stack = stacked_cache._stacks[name]  # (L, R, H, T, Dh)
+        for i, live in enumerate(getattr(stacked_cache, name)):  # (B or N, H, T or S, Dh) each
+            assert live.flags.c_contiguous and np.shares_memory(live, stack[i])
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])  # whose random operations leave a sentence of several rows
+def test_a_cache_in_gpu_memory_stacks_its_layers_and_sends_a_reorders_rows_once(seed: int) -> None:
+    """In GPU memory (numpy standing in for CuPy) the cache is stacked; a reorder of beams sends its rows to the GPU
+    once for both self-attention buffers (it was once per buffer, parents and targets apart: 4 copies of ~80 us a
+    beam step on an H200's host) and gives every row its parent's slots, as the host cache does."""
+    device = DeviceMemory()
+    gpu = DecoderCache(n_layers=2, n_heads=3, head_dim=4, xp=device)  # type: ignore[arg-type]
+    host = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    assert gpu.on_gpu and gpu.stacked and not host.stacked
+    agree_through_random_ops([host, gpu], seed=seed, ops=60)
+    sentence = host.sentence  # (B,)
+    last = {s: row for row, s in enumerate(sentence.tolist())}
+    beams = np.array([last[s] for s in sentence.tolist()])  # (B,) every beam follows its sentence's last one
+    moved = np.flatnonzero(beams != np.arange(host.rows))
+    device.sent.clear()
+    for cache in (host, gpu):
+        cache.select(beams)
+    assert moved.size and device.sent == [(2, moved.size)]
+    for row, length in enumerate(host.lengths.tolist()):
+        for name in ("self_keys", "self_values"):
+            written = [np.stack([layer[row, :, :length] for layer in getattr(c, name)]) for c in (host, gpu)]
+            assert np.array_equal(*written), (row, name)

@@ -202,17 +202,22 @@ def test_available_cores_follow_a_cgroup_cpu_quota(tmp_path: Path) -> None:
     assert available_cores(tmp_path / "v1") == cores
 
 
-@pytest.mark.parametrize("reserved", [True, False], ids=["reserved", "growing"])
+@pytest.mark.parametrize("layout", ["reserved", "growing", "stacked"])
 def test_a_kept_binding_steps_as_a_fresh_one_through_joins_beams_leaves_and_growth(
-    model_dir: Path, reserved: bool
+    model_dir: Path, layout: str
 ) -> None:
     """The runtime binds a cache's arrays once per layout and reuses the binding: every step must give what a
     binding made for that step alone gives (two caches in turn, sentences joining, beams reordering, rows leaving,
-    a growing time axis growing)."""
+    a growing time axis growing). "stacked": the kept binding's caches laid out as a GPU cache's (each buffer's
+    layers views of one array, which the graph writes in place), the fresh ones as growing host caches."""
     folder = load_model_folder(model_dir)
     kept, fresh = OnnxRuntime(folder, "fp32"), OnnxRuntime(folder, "fp32")
+    reserved = layout == "reserved"
     if not reserved:
         kept._reserve = fresh._reserve = None
+    if layout == "stacked":
+        shape = (kept.n_layers, kept.n_heads, kept.head_dim, kept.cache_dtype)
+        kept.new_cache = lambda: DecoderCache(*shape, stacked=True)
     rng = np.random.default_rng(0)
     vocab = folder.manifest.config.src_vocab_size
 
@@ -246,6 +251,7 @@ def test_a_kept_binding_steps_as_a_fresh_one_through_joins_beams_leaves_and_grow
                 for cache in (ours, theirs):
                     cache.add(memory.keys, memory.values, mask)
     assert caches["a"][0].capacity == (folder.manifest.config.max_positions if reserved else 32)  # grew on the way
+    assert caches["a"][0].stacked == (layout == "stacked") and not caches["a"][1].stacked
 
 
 @pytest.mark.parametrize("reserved", [True, False], ids=["reserved", "growing"])
