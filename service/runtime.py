@@ -510,7 +510,7 @@ class OnnxRuntime:
             cache.xp.cuda.get_current_stream().synchronize()  # the cache's copies are done before the graph reads
         bound.binding.run()
         top_log_probs, top_ids, *rest = (array.copy() for array in bound.outputs)  # the next step rewrites them
-        cache.advance()
+        cache.advance(input_ids)  # (B,) recorded by a host cache: beams that share a prefix copy only the rest
         kept = min(candidates, self.candidates.most)
         top_log_probs, top_ids = drop_banned(top_log_probs, top_ids, self.candidates.is_banned, kept)
         return StepOutput(top_log_probs, top_ids, *rest)

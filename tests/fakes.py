@@ -66,7 +66,7 @@ class FakeRuntime:
         rows = np.arange(len(input_ids))  # (B,)
         for layers in (cache.self_keys, cache.self_values):  # as the step graph does: this step at each row's slot
             layers[0][rows, 0, cache.lengths, 0] = input_ids  # (B,)
-        cache.advance()
+        cache.advance(input_ids)
         width = min(candidates, TOP_K)  # what a format 4 graph gives: what was asked for (searches take no more)
         top_log_probs, top_ids = top_k(log_probs.astype(np.float32), width, banned=(PAD, START))
         return StepOutput(top_log_probs, top_ids, log_probs if full else None)

@@ -791,3 +791,65 @@ def test_a_cache_in_gpu_memory_stacks_its_layers_and_sends_a_reorders_rows_once(
         for name in ("self_keys", "self_values"):
             written = [np.stack([layer[row, :, :length] for layer in getattr(c, name)]) for c in (host, gpu)]
             assert np.array_equal(*written), (row, name)
+
+
+def prefix_value(uid: int, tokens: tuple[int, ...]) -> float:
+    """What a step graph writes at a slot: a function of the sentence and of the input tokens up to that slot."""
+    return float(hash((uid, *tokens)) % 100_003)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beams_that_share_a_prefix_copy_only_what_follows_it(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's keys and values at a slot depend on its sentence and its input tokens up to that slot. Through random
+    joins, steps (tokens from a small alphabet, so beams share prefixes), beams taking their siblings' rows and
+    sentences leaving, every row holds at every slot it wrote what its own prefix computed, while the reorders copy
+    fewer slots than whole rows would."""
+    monkeypatch.setattr(kv_cache, "SHARE_BYTES", 0)  # look for shared slots at any size
+    copied, whole = [], []
+    groups = kv_cache.start_groups
+
+    def counted(targets: np.ndarray, parents: np.ndarray, starts: np.ndarray, width: int) -> list:
+        copied.append(int((width - starts).sum()))
+        whole.append(targets.size * width)
+        return groups(targets, parents, starts, width)
+
+    monkeypatch.setattr(kv_cache, "start_groups", counted)
+    rng = np.random.default_rng(seed)
+    cache = DecoderCache(n_layers=2, n_heads=3, head_dim=4)
+    rows: list[tuple[int, tuple[int, ...]]] = []  # each row's sentence and inputs so far
+    uid = 0
+    for _ in range(120):
+        roll = rng.random()
+        if not rows or roll < 0.1:  # a sentence joins with one row
+            keys, values, mask = memory(1, int(rng.integers(2, 6)), 0.0)
+            cache.add(keys, values, mask)
+            rows.append((uid, ()))
+            uid += 1
+        elif roll < 0.5:  # beams: rows repeat, reorder within their sentences, or leave with their sentence
+            sentences = sorted({u for u, _ in rows})
+            leaving = set(rng.choice(sentences, int(rng.random() < 0.2), replace=False).tolist())
+            new = []
+            for u in sentences:
+                if u in leaving and len(sentences) > 1:
+                    continue
+                mine = [r for r, (v, _) in enumerate(rows) if v == u]
+                new += rng.choice(mine, int(rng.integers(1, 5)), replace=True).tolist()  # any order
+            cache.select(np.array(new))
+            rows = [rows[r] for r in new]
+        else:  # a step: each row's input token written at its slot
+            tokens = rng.integers(2, 4, len(rows))  # (B,)
+            cache.make_room()
+            for row, ((u, seen), token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
+                for layers in (cache.self_keys, cache.self_values):
+                    for layer in layers:
+                        layer[row, :, cache.lengths[row]] = prefix_value(u, (*seen, token))
+                rows[row] = (u, (*seen, token))
+            cache.advance(tokens)
+        for row, (u, seen) in enumerate(rows):
+            assert cache.lengths[row] == len(seen)
+            assert not seen or cache._tokens[row, : len(seen)].tolist() == list(seen)  # the record follows the row
+            expected = [prefix_value(u, seen[: slot + 1]) for slot in range(len(seen))]
+            for layers in (cache.self_keys, cache.self_values):
+                for layer in layers:
+                    assert (layer[row, :, : len(seen)] == np.array(expected)[None, :, None]).all(), (row, seen)
+    assert sum(whole) and sum(copied) < sum(whole)  # some rows kept slots they shared

@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from service import kv_cache
 from service import runtime as runtime_module
 from service.decoding import SearchOptions
 from service.engine import TokenRules, decode_batch
@@ -730,10 +731,14 @@ def test_on_cuda_an_int8_default_gives_way_to_fp16_where_it_runs_else_fp32(
 
 
 def _scheduled(
-    runtime: OnnxRuntime, rules: TokenRules, sources: list[list[int]], options: list[SearchOptions]
+    runtime: OnnxRuntime,
+    rules: TokenRules,
+    sources: list[list[int]],
+    options: list[SearchOptions],
+    hypotheses: bool = False,
 ) -> list[object]:
-    """Each sentence's best tokens (or its error), the sentences joining a running continuous batch one per
-    iteration."""
+    """Each sentence's best tokens (or its error; `hypotheses`: its hypotheses, scores and all), the sentences
+    joining a running continuous batch one per iteration."""
     from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
 
     scheduler = Scheduler(runtime, rules, BatchLimits(), Metrics(), "t")
@@ -744,6 +749,8 @@ def _scheduled(
         scheduler.run_once()
     while not scheduler.idle:
         scheduler.run_once()
+    if hypotheses:
+        return [ticket.results[0] if ticket.error is None else ticket.error for ticket in tickets]
     return [ticket.results[0][0].tokens if ticket.error is None else ticket.error for ticket in tickets]
 
 
@@ -999,3 +1006,39 @@ def test_a_missing_provider_is_warned_about_once_a_process(caplog: pytest.LogCap
     for _ in range(4):
         assert usable_providers(("CUDAExecutionProvider", "CPUExecutionProvider")) == ["CPUExecutionProvider"]
     assert caplog.text.count("execution provider CUDAExecutionProvider is not available") == 1
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_beams_that_copy_only_what_they_do_not_share_decode_bit_for_bit_as_whole_copies(
+    quantized: Path, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host cache records each row's input tokens, and a beam that takes a sibling's row copies only the slots
+    after their common prefix (DecoderCache._shared): every hypothesis, log-probability and score must be the same,
+    to the bit, as with whole rows copied, in static batches and in a continuous batch of beams and greedy rows."""
+    folder = load_model_folder(quantized)
+    rng = np.random.default_rng(11)
+    ids = folder.manifest.special_ids
+    rules, eos = TokenRules(ids.decoder_start, ids.eos, ids.pad), ids.eos
+    sources = [[int(t) for t in rng.integers(4, 90, size=int(rng.integers(3, 14)))] + [eos] for _ in range(10)]
+    options = [SearchOptions(beam_size=(4, 1, 2)[i % 3], max_new_tokens=20, n_best=2) for i in range(len(sources))]
+    runtime = OnnxRuntime(folder, variant)
+
+    def decoded() -> tuple[list, list]:
+        static = [decode_batch(runtime, sources[i : i + 5], options[i : i + 5], rules) for i in (0, 5)]
+        return static, _scheduled(runtime, rules, sources, options, hypotheses=True)
+
+    advance = kv_cache.DecoderCache.advance
+    with monkeypatch.context() as whole_rows:  # no record of tokens: every copy takes whole rows
+        whole_rows.setattr(kv_cache.DecoderCache, "advance", lambda cache, tokens=None: advance(cache, None))
+        expected = decoded()
+    kept: list[int] = []
+    groups = kv_cache.start_groups
+    monkeypatch.setattr(kv_cache, "SHARE_BYTES", 0)  # the tiny model's rows are small: look at any size
+
+    def counted(targets: np.ndarray, parents: np.ndarray, starts: np.ndarray, width: int) -> list:
+        kept.append(int(starts.sum()))
+        return groups(targets, parents, starts, width)
+
+    monkeypatch.setattr(kv_cache, "start_groups", counted)
+    assert decoded() == expected
+    assert sum(kept) > 0  # slots were shared, not copied
