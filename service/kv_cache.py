@@ -312,9 +312,15 @@ class DecoderCache:
             return False
         lengths = self.lengths.tolist()
         filled = max(lengths[parent] for parent in parents)  # the most slots a copied row has written
-        starts = self._carry_tokens(np.array(moved), np.array(parents), filled)
+        firsts = None
+        if self._tokens is not None:  # `_carry_tokens` on lists: a row's record one slice copy (no row is both)
+            if len(moved) * filled * self._slot_bytes >= SHARE_BYTES:
+                firsts = self._shared(np.array(moved), np.array(parents), filled)  # (m,) or None
+            self._token_room(self.rows, filled)
+            for target, parent in zip(moved, parents, strict=True):
+                self._tokens[target, :filled] = self._tokens[parent, :filled]  # (filled,)
         for name in ("self_keys", "self_values"):
-            self._copy_slices(name, moved, parents, filled, None if starts is None else starts.tolist())
+            self._copy_slices(name, moved, parents, filled, None if firsts is None else firsts.tolist())
         return True
 
     def _put_in_order(self) -> None:
