@@ -438,6 +438,8 @@ class DecoderCache:
         if longest >= self.capacity:
             self._resize_time(("self_keys", "self_values"), fitted_capacity(longest + 1, self.most_steps))
         self._written = max(self._written, longest + 1)
+        if self._tokens is not None and (self.rows > self._tokens.shape[0] or longest >= self._tokens.shape[1]):
+            self._token_room(self.rows, longest + 1)  # the step's tokens, recorded by `advance`
         return longest
 
     def advance(self, tokens: np.ndarray | None = None) -> None:
@@ -451,7 +453,7 @@ class DecoderCache:
                 self._row_index = np.arange(self.rows)  # (B,)
             try:
                 self._tokens[self._row_index, self.lengths] = tokens  # (B,) at each row's slot
-            except IndexError:  # (rare: the record grows by doubling) written again whole below
+            except IndexError:  # (`make_room` grows the record; a caller that skipped it:) written again whole
                 self._token_room(self.rows, int(self.lengths.max()) + 1)
                 self._tokens[self._row_index, self.lengths] = tokens
         self.lengths += 1
