@@ -437,7 +437,7 @@ class DecoderCache:
         if longest >= self.capacity:
             self._resize_time(("self_keys", "self_values"), fitted_capacity(longest + 1, self.most_steps))
         self._written = max(self._written, longest + 1)
-        if self._tokens is not None and (self.rows > self._tokens.shape[0] or longest >= self._tokens.shape[1]):
+        if self._tokens is not None:
             self._token_room(self.rows, longest + 1)  # the step's tokens, recorded by `advance`
         return longest
 
