@@ -134,7 +134,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if not existed:
             args.json.unlink()
     report = evaluate(args.model_dir, args.corpus, args.split, args.variant, args.beam_size, args.batch_size,
-                      args.threads, args.limit, args.streams)
+                      args.threads, args.limit, args.streams, args.fast_graphs)
     print(report.summary())
     if args.json:
         args.json.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -217,6 +217,11 @@ def _add_evaluate_and_quantize(sub: argparse._SubParsersAction) -> None:
         "goes as that many sub-batches of batch-size/streams. 2 streams of one thread translated the default "
         "model's test set 1.76x as fast as one batch on two (bench.engine); int8 scores move by ~0.2 with the "
         "batches' size",
+    )
+    evaluate.add_argument(
+        "--fast-graphs", action="store_true",
+        help="also run the folder's faster graphs for static batches (dense, one-row), as a server with "
+        "MT_BATCH_INVARIANT=false does; default: the step graph alone, as the server runs by default",
     )
     evaluate.add_argument("--limit", type=positive_int, help="only the first N sentences")
     evaluate.add_argument("--json", type=Path, help="also write the report (with 20 examples) here")

@@ -84,11 +84,17 @@ def read_split(corpus: Path, split: str, source: str, target: str) -> tuple[list
 class StaticBatches:
     """A folder's graphs opened once, translating lists of sentences in static batches of similar length through
     the served decoding loop (the engine alone: no server, no scheduler). With `streams` > 1, each batch's sentences
-    go as that many sub-batches decoded at once, the threads split between them (the server's MT_DECODER_STREAMS)."""
+    go as that many sub-batches decoded at once, the threads split between them (the server's MT_DECODER_STREAMS).
+    The step graph alone, as the server runs by default (MT_BATCH_INVARIANT); `fast`: also the folder's faster graphs
+    for static batches, as a server with MT_BATCH_INVARIANT=false and MT_BATCHING=static runs them (dense, one-row)."""
 
-    def __init__(self, folder_path: Path, variant: str | None, threads: int, streams: int = 1) -> None:
+    def __init__(
+        self, folder_path: Path, variant: str | None, threads: int, streams: int = 1, fast: bool = False
+    ) -> None:
         folder = load_model_folder(folder_path)
-        settings = SessionSettings(intra_op_threads=max(1, threads // streams), dense_step=True)  # static batches
+        settings = SessionSettings(
+            intra_op_threads=max(1, threads // streams), ragged_step=False, single_row_step=fast, dense_step=fast
+        )
         self.runtime = OnnxRuntime(folder, variant, settings)
         self.tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
@@ -126,10 +132,11 @@ def translate_all(
     batch_size: int,
     threads: int,
     streams: int = 1,
+    fast: bool = False,
 ) -> tuple[list[str], int, float]:
     """Static batches of similar length through the served graphs, opened for this call -> (translations, target
     tokens, seconds)."""
-    return StaticBatches(folder_path, variant, threads, streams).translate(sources, beam_size, batch_size)
+    return StaticBatches(folder_path, variant, threads, streams, fast).translate(sources, beam_size, batch_size)
 
 
 def pick_examples(sources: list[str], references: list[str], hypotheses: list[str], n: int = 20) -> list[dict]:
@@ -146,12 +153,14 @@ def pick_examples(sources: list[str], references: list[str], hypotheses: list[st
 
 def evaluate(
     folder_path: Path, corpus: Path, split: str = "test", variant: str | None = None, beam_size: int = 1,
-    batch_size: int = 32, threads: int = 2, limit: int | None = None, streams: int = 1,
+    batch_size: int = 32, threads: int = 2, limit: int | None = None, streams: int = 1, fast: bool = False,
 ) -> EvalReport:
     manifest = load_model_folder(folder_path, verify_checksums=False).manifest
     sources, references = read_split(corpus, split, manifest.source_language, manifest.target_languages[0])
     sources, references = sources[:limit], references[:limit]
-    hypotheses, tokens, seconds = translate_all(folder_path, sources, variant, beam_size, batch_size, threads, streams)
+    hypotheses, tokens, seconds = translate_all(
+        folder_path, sources, variant, beam_size, batch_size, threads, streams, fast
+    )
     with_placeholders = [i for i, s in enumerate(sources) if placeholders(s)]
     return EvalReport(
         model=manifest.name, variant=variant or manifest.default_variant, split=split, beam_size=beam_size,

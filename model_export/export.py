@@ -42,6 +42,7 @@ def variant_entry(checkpoint: Checkpoint, precision: str, encoder_file: str, dec
         "encoder": graph_entry(encoder_file, graph_io.encoder_inputs(cfg), graph_io.encoder_outputs(cfg)),
         "decoder_step": graph_entry(decoder_file, inputs, graph_io.decoder_outputs(cfg)),
         "decoder_step_ragged": graph_entry(ragged, inputs, graph_io.decoder_ragged_outputs(cfg)),
+        "batch_invariant": True,  # format 12: onnx_graphs' step graph attends over the padded source in plain operators
     }
 
 

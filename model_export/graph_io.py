@@ -62,8 +62,9 @@ CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (attention 
 # MultiHeadAttention node. 3: the ragged step graph takes each sentence's last source position with a Gather of
 # rows (GatherElements and a Transpose before). 4: the step's top-K in two exact stages over vocabulary chunks
 # (onnx_graphs._top_k), its log-probs gathered from the log-softmax: beam 4's 64 rows of 59,514, 5.9 -> 3.1 ms
-# alone.
-GRAPHS_REVISION = 4
+# alone. 5 (format 12): the step graph's cross-attention in plain operators over the padded source
+# (onnx_graphs._padded_cross_attention), whose numbers for a row do not depend on its batch.
+GRAPHS_REVISION = 5
 # The step graph also returns each row's best next tokens, as many as its `top_k` input asks for: the runtime asks
 # for what the step's searches need (greedy 2, beam k 2k + 1: 2k candidates, plus one when EOS is not allowed yet)
 # plus pad and the decoder start, which it drops (cheaper than masking the whole distribution in the graph).

@@ -141,13 +141,35 @@ def attention_bias(g: GraphBuilder, mask: str) -> str:
     return g.op("Where", g.op("Unsqueeze", mask, g.ints([1, 2])), zero, masked)  # (B, 1, 1, T)
 
 
-def _encoder_self_attention(g: GraphBuilder, x: str, attn: MultiHeadAttention, mask4: str, cfg, name: str) -> str:
+def source_ones(g: GraphBuilder) -> str:
+    """A (S, 1) column of ones over the source axis of src_mask (B, S): the right side of masked_attention's sums."""
+    length = g.op("Shape", "src_mask", start=1, end=2)  # (1,) = [S]
+    shape = g.op("Concat", length, g.ints([1]), axis=0)  # (2,) = [S, 1]
+    return g.op("Expand", g.const(g._fresh("one"), np.float32(1.0)), shape, out="source_ones")  # (S, 1)
+
+
+def masked_attention(g: GraphBuilder, q: str, k: str, v: str, bias: str, ones: str) -> str:
+    """softmax(Q K^T + bias) V over (..., S) keys, for queries (..., T, Dh) and keys and values (..., S, Dh), Q
+    pre-scaled by 1/sqrt(d_k), bias 0 or MASKED per key: (..., T, Dh). Its exponentials are summed, and weigh the
+    values, by matrix products whose reduction over S runs in key order, where a masked key adds nothing, so a
+    query's result does not depend on how many padded keys follow its own (batch invariance; ONNX Runtime's
+    Softmax sums in an order that depends on S). One dot product over Dh per score."""
+    scores = g.op("Add", g.op("FusedMatMul", q, k, domain=graph_io.CONTRIB_DOMAIN, transB=1, alpha=1.0), bias)
+    # scores: (..., T, S), masked keys at about MASKED
+    top = g.op("ReduceMax", scores, axes=[-1], keepdims=1)  # (..., T, 1)
+    weights = g.op("Exp", g.op("Sub", scores, top))  # (..., T, S) unnormalised, masked keys ~0
+    total = g.op("MatMul", weights, ones)  # (..., T, 1)
+    return g.op("Div", g.op("MatMul", weights, v), total)  # (..., T, Dh)
+
+
+def _encoder_self_attention(
+    g: GraphBuilder, x: str, attn: MultiHeadAttention, mask4: str, ones: str, cfg, name: str
+) -> str:
     q, k, v = g.fused_qkv(x, attn, name, "qkv")  # (B, S, D) each
     q = _heads(g, q, cfg, [0, 2, 1, 3])  # (B, H, S, Dh)
-    kt = _heads(g, k, cfg, [0, 2, 3, 1])  # (B, H, Dh, S)
+    k = _heads(g, k, cfg, [0, 2, 1, 3])  # (B, H, S, Dh)
     v = _heads(g, v, cfg, [0, 2, 1, 3])  # (B, H, S, Dh)
-    scores = g.op("Add", g.op("MatMul", q, kt), mask4)  # (B, H, S, S) masked keys get MASKED added
-    context = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)  # (B, H, S, Dh)
+    context = masked_attention(g, q, k, v, mask4, ones)  # (B, H, S, Dh)
     merged = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), g.ints([0, 0, cfg.d_model]))  # (B, S, D)
     return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, S, D)
 
@@ -164,11 +186,12 @@ def build_encoder(model: Transformer) -> onnx.ModelProto:
     scaled = g.op("Mul", embedded, g.const("src_embed.scale", np.float32(model.src_embed.scale)))
     x = g.op("Add", scaled, g.op("Gather", table, positions))  # (B, S, D)
     mask4 = attention_bias(g, "src_mask")  # (B, 1, 1, S) 0 or MASKED
+    ones = source_ones(g)  # (S, 1)
     for i, layer in enumerate(model.encoder.layers):
         name = f"encoder.{i}"
         x = g.sublayer(
             x, layer.sublayer[0].norm, pre_norm, f"{name}.0",
-            lambda y, layer=layer, name=name: _encoder_self_attention(g, y, layer.self_attn, mask4, cfg, name),
+            lambda y, layer=layer, name=name: _encoder_self_attention(g, y, layer.self_attn, mask4, ones, cfg, name),
         )  # (B, S, D)
         x = g.sublayer(
             x, layer.sublayer[1].norm, pre_norm, f"{name}.1",
@@ -201,24 +224,34 @@ def _step_self_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: i
 
 def _step_cross_attention(g: GraphBuilder, y: str, attn: MultiHeadAttention, i: int, cfg, ragged: bool) -> str:
     """Each sentence's rows attend together over its one copy of the source: the queries are gathered into
-    (N, G, D) blocks, one MultiHeadAttention over the cached (N, H, S, Dh) keys and values, the results gathered
-    back into row order. `ragged` (one row per sentence, G = 1): GroupQueryAttention over each sentence's own
-    source length instead (see _ragged_cross_attention)."""
+    (N, G, D) blocks, attend over the cached (N, H, S, Dh) keys and values (_padded_cross_attention), and the
+    results are gathered back into row order. `ragged` (one row per sentence, G = 1): GroupQueryAttention over each
+    sentence's own source length instead (see _ragged_cross_attention)."""
     name = f"decoder.{i}.cross"
     scale = 1.0 / math.sqrt(attn.head_dim)
     bias = None if attn.w_q.bias is None else attn.w_q.bias * scale
     q = g.linear(y, attn.w_q.weight * scale, bias, f"{name}.w_q")  # (B, D)
     grouped = g.op("Gather", q, "sentence_rows", axis=0)  # (N, G, D)
-    if ragged:
-        context = _ragged_cross_attention(g, grouped, i, cfg)  # (N, 1, D)
-    else:
-        context = g.op(
-            "MultiHeadAttention", grouped, f"cross_key_{i}", f"cross_value_{i}", "", "src_key_mask",
-            domain=graph_io.CONTRIB_DOMAIN, num_heads=cfg.n_heads, scale=1.0,  # Q comes pre-scaled by 1/sqrt(d_k)
-        )  # (N, G, D)
+    attend = _ragged_cross_attention if ragged else _padded_cross_attention
+    context = attend(g, grouped, i, cfg)  # (N, G, D); G = 1 when ragged
     slots = g.op("Reshape", context, g.ints([-1, cfg.d_model]))  # (N * G, D)
     merged = g.op("Gather", slots, "row_slots", axis=0)  # (B, D)
     return g.linear(merged, attn.w_o.weight, attn.w_o.bias, f"{name}.w_o")  # (B, D)
+
+
+def _padded_cross_attention(g: GraphBuilder, grouped: str, i: int, cfg) -> str:
+    """(N, G, D) queries over the cached (N, H, S, Dh) keys and values of their sentence, the padded source positions
+    masked by `source_bias`, as the encoder's self-attention (masked_attention), so a row's numbers depend neither
+    on how wide the batch's widest source is nor on how many rows share the step (batch invariance; ONNX Runtime's
+    CPU MultiHeadAttention changes them with the padding). The queries are given twice: ONNX Runtime multiplies a
+    single query row (a greedy sentence, G = 1) by another kernel, whose sums depend on S, and two or more rows
+    alike whatever their number."""
+    q = g.op("Transpose", g.op("Reshape", grouped, g.ints([0, 0, cfg.n_heads, cfg.head_dim])), perm=[0, 2, 1, 3])
+    # q: (N, H, G, Dh)
+    twice = g.op("Concat", q, q, axis=2)  # (N, H, 2G, Dh)
+    both = masked_attention(g, twice, f"cross_key_{i}", f"cross_value_{i}", "source_bias", "source_ones")
+    context, _ = g.ops("Split", both, n_out=2, axis=2)  # (N, H, G, Dh) each, the same
+    return g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), g.ints([0, 0, cfg.d_model]))  # (N, G, D)
 
 
 def _source_lengths(g: GraphBuilder, cfg) -> None:
@@ -340,7 +373,8 @@ def build_decoder_step(model: Transformer, ragged: bool = False) -> onnx.ModelPr
     if ragged:
         _source_lengths(g, cfg)
     else:
-        g.op("Cast", "src_mask", to=TensorProto.INT32, out="src_key_mask")  # (N, S) 1 where attended
+        g.op("Identity", attention_bias(g, "src_mask"), out="source_bias")  # (N, 1, 1, S) 0 or MASKED
+        source_ones(g)  # (S, 1)
     embedded = g.op("Gather", g.const("tgt_embed.lut", _np(model.tgt_embed.lut.weight)), "input_ids")  # (B, D)
     scaled = g.op("Mul", embedded, g.const("tgt_embed.scale", np.float32(model.tgt_embed.scale)))
     x = g.op("Add", scaled, g.op("Gather", g.const("positions.table", _np(model.positions.table)), "positions"))

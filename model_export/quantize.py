@@ -54,6 +54,11 @@ SINGLE_ROW_BLOCKS = {8: 128, 4: 32}
 # activations, symmetric) and the embedding tables (gathered, not multiplied) keep 8 bits.
 REDUCED_RANGE = True
 WEIGHT_BITS = 7 if REDUCED_RANGE else 8  # the manifest's `weight_bits` (format 11), which the server checks
+WEIGHT_TOP = 64 if REDUCED_RANGE else 127  # the products' weight codes lie in [-WEIGHT_TOP, WEIGHT_TOP]
+# Each activation row's codes: 128 + round(x / scale), scale = the row's largest magnitude / ROW_TOP, so in [1, 255];
+# a row of zeros (ROW_TINY keeps its scale positive) gives codes of 128.
+ROW_TOP = 127.0
+ROW_TINY = 1e-30
 DENSE_FILE = "decoder_step_dense.int8.onnx"
 
 
@@ -61,18 +66,119 @@ def int8_name(file_name: str) -> str:
     return file_name.removesuffix(".onnx") + ".int8.onnx"
 
 
-def quantize_graph(source: Path, target: Path, per_channel: bool, embeddings: bool) -> None:
-    """int8 weights for every MatMul with a constant weight (and the embedding tables if asked), the products' in 7
-    bits (REDUCED_RANGE)."""
-    quantize_dynamic(
-        model_input=source, model_output=target, weight_type=QuantType.QInt8, per_channel=per_channel,
-        op_types_to_quantize=["MatMul", "Gather"] if embeddings else ["MatMul"], reduce_range=REDUCED_RANGE,
-        extra_options={
-            "MatMulConstBOnly": True,  # attention's activation x activation products stay fp32
+def quantize_graph(source: Path, target: Path, per_channel: bool, embeddings: bool, activation_rank: int) -> None:
+    """int8 weights for every MatMul with a constant weight, the products' in 7 bits (REDUCED_RANGE), their
+    activations quantized row by row (to_per_row_products), and the embedding tables if asked."""
+    if embeddings:
+        quantize_dynamic(
+            model_input=source, model_output=target, weight_type=QuantType.QInt8, per_channel=per_channel,
+            op_types_to_quantize=["Gather"],
             # ONNX shape inference stops at the contrib GroupQueryAttention: what follows it is float32
-            "DefaultTensorType": onnx.TensorProto.FLOAT,
-        },
-    )
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+        source = target
+    model = onnx.load(source)
+    to_per_row_products(model, activation_rank, per_channel)
+    onnx.save(model, target)
+
+
+def product_weights(weight: np.ndarray, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(K, N) float weights -> symmetric int8 codes in [-WEIGHT_TOP, WEIGHT_TOP] (K, N) and their scales, (N,) one per
+    column (per_channel) or () one for the matrix."""
+    top = np.abs(weight).max(axis=0) if per_channel else np.abs(weight).max()  # (N,) or ()
+    scales = np.where(top > 0, top / WEIGHT_TOP, 1.0).astype(np.float32)  # an all-zero column: any scale gives zeros
+    codes = np.clip(np.round(weight / scales), -WEIGHT_TOP, WEIGHT_TOP).astype(np.int8)  # (K, N)
+    return codes, scales
+
+
+def to_per_row_products(model: onnx.ModelProto, rank: int, per_channel: bool = True) -> int:
+    """Every MatMul by a constant (K, N) weight becomes a MatMulIntegerToFloat whose activations are quantized row
+    by row: each row of K values gets its own scale (its largest magnitude over ROW_TOP) and uint8 codes around
+    the fixed zero point 128, so a row's codes, its integer products (exact) and its result depend on that row
+    alone, whatever shares its batch (batch invariance; DynamicQuantizeMatMul's one scale spans every row). An
+    activation read by several products is quantized once. `rank`: the activations' rank, 2 ((B, K): the step
+    graphs) or 3 ((B, S, K): the encoder, whose rows are flattened for the quantization and its products' results
+    shaped back). Returns how many products it replaced."""
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer}
+    node = helper.make_node
+    fixed = {
+        "row.top_inverse": np.array(1.0 / ROW_TOP, np.float32), "row.tiny": np.array(ROW_TINY, np.float32),
+        "row.zero_point": np.array(128, np.uint8), "row.flat": np.array([-1], np.int64),
+    }
+    if rank == 3:
+        fixed |= {"row.lead_end": np.array([rank - 1], np.int64), "row.lead_start": np.array([0], np.int64)}
+    graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in fixed.items())
+    quantized: dict[str, tuple[str, str, str | None]] = {}  # activation -> its codes, row scales, leading shape
+
+    def quantizer(x: str, k: int) -> tuple[list[onnx.NodeProto], tuple[str, str, str | None]]:
+        p, lead = f"row.{x}", None
+        nodes = []
+        rows = x
+        if rank == 3:
+            nodes += [
+                node("Reshape", [x, f"row.k{k}"], [f"{p}.rows"]),  # (B x S, K)
+                node("Shape", [x], [f"{p}.shape"]),  # (3,)
+                node("Slice", [f"{p}.shape", "row.lead_start", "row.lead_end"], [f"{p}.lead"]),  # (2,) = [B, S]
+            ]
+            rows, lead = f"{p}.rows", f"{p}.lead"
+        nodes += [
+            node("Abs", [rows], [f"{p}.abs"]),  # (M, K)
+            node("ReduceMax", [f"{p}.abs"], [f"{p}.top"], axes=[1], keepdims=1),  # (M, 1)
+            node("Mul", [f"{p}.top", "row.top_inverse"], [f"{p}.scale_0"]),  # (M, 1)
+            node("Max", [f"{p}.scale_0", "row.tiny"], [f"{p}.scale"]),  # (M, 1) a row of zeros: codes of 128
+            node("Reshape", [f"{p}.scale", "row.flat"], [f"{p}.scales"]),  # (M,)
+            node("Shape", [f"{p}.scales"], [f"{p}.rows_1"]),  # (1,) = [M]
+            node("Expand", ["row.zero_point", f"{p}.rows_1"], [f"{p}.zero_points"]),  # (M,) all 128
+            node("QuantizeLinear", [rows, f"{p}.scales", f"{p}.zero_points"], [f"{p}.codes"], axis=0),  # (M, K) uint8
+        ]
+        return nodes, (f"{p}.codes", f"{p}.scale", lead)
+
+    nodes, replaced, widths = [], set(), set()
+    for old in graph.node:
+        if old.op_type != "MatMul" or old.input[1] not in constants:
+            nodes.append(old)
+            continue
+        weight = numpy_helper.to_array(constants[old.input[1]]).astype(np.float32)  # (K, N)
+        k, n = weight.shape
+        x = old.input[0]
+        if x not in quantized:
+            added, quantized[x] = quantizer(x, k)
+            nodes += added
+            if rank == 3:
+                widths.add(k)
+        codes, row_scales, lead = quantized[x]
+        w = old.input[1]
+        w_codes, w_scales = product_weights(weight, per_channel)
+        graph.initializer.extend(
+            [numpy_helper.from_array(w_codes, f"{w}.i8"), numpy_helper.from_array(w_scales, f"{w}.i8_scale")]
+        )
+        # the bias Add stays a node of its own: ONNX Runtime 1.31's MatMulIntegerToFloat drops its bias input when
+        # a_scale has a value per row
+        inputs, output = [codes, f"{w}.i8", row_scales, f"{w}.i8_scale", "row.zero_point"], old.output[0]
+        product = output if lead is None else f"row.{output}.flat"
+        nodes.append(
+            node(
+                "MatMulIntegerToFloat", inputs, [product], name=f"{old.name or output}.row",
+                domain=graph_io.CONTRIB_DOMAIN,
+            )
+        )  # (M, N)
+        if lead is not None:
+            graph.initializer.append(numpy_helper.from_array(np.array([n], np.int64), f"row.{output}.n"))
+            nodes += [
+                node("Concat", [lead, f"row.{output}.n"], [f"row.{output}.shape"], axis=0),  # (3,) = [B, S, N]
+                node("Reshape", [product, f"row.{output}.shape"], [output]),  # (B, S, N)
+            ]
+        replaced.add(w)
+    graph.initializer.extend(numpy_helper.from_array(np.array([-1, k], np.int64), f"row.k{k}") for k in widths)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [t for t in graph.initializer if t.name not in replaced]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(o.domain == graph_io.CONTRIB_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(graph_io.CONTRIB_DOMAIN, 1))
+    return len(replaced)
 
 
 def blockwise(weight: np.ndarray, block: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -252,12 +358,16 @@ def add_int8_variant(
     step = folder.file(variant["decoder_step"]["file"])  # fp32
     for graph in variant_graphs(variant):
         name = int8_name(variant[graph]["file"])
-        quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings)
+        rank = 3 if graph == "encoder" else 2  # (B, S, D) activations in the encoder, (B, D) in the step graphs
+        quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings, rank)
         variant[graph]["file"] = name
     single_row_graph(step, folder_path / SINGLE_ROW_FILE, per_channel, embeddings, single_row_bits)
     variant["decoder_step_single"] = {**variant["decoder_step"], "file": SINGLE_ROW_FILE}  # the same inputs, outputs
     dense_step_graph(folder_path / variant["decoder_step"]["file"], folder_path / DENSE_FILE)
     variant["decoder_step_dense"] = {**variant["decoder_step"], "file": DENSE_FILE}  # format 10; the same contract
+    # format 12: per-row activation scales (to_per_row_products); the step graph's cross-attention is the fp32 one's,
+    # so the variant is batch-invariant when the fp32 variant is (an fp32 variant from before format 12 is not)
+    variant["batch_invariant"] = bool(variant.get("batch_invariant"))
     variant["weight_bits"] = WEIGHT_BITS  # format 11: a server on a CPU without VNNI warns of 8 (service/translator.py)
     manifest["format_version"] = max(manifest["format_version"], graph_io.FORMAT_VERSION)  # a reader of format 6 on
     shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one

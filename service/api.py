@@ -814,6 +814,8 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         "stream_cores": list(translator.cores.streams) if translator.cores else None,  # pinned (MT_PIN_CORES)
         "glossary_terms": {target: len(g.given) for target, g in translator.glossaries.items()},  # MT_GLOSSARY_FILE
         "rare_letters": manifest.tokenizer.rare_letters,  # given to the model as placeholders (format 9)
+        # a sentence's output does not depend on what shares its batch (MT_BATCH_INVARIANT, format 12)
+        "batch_invariant": settings.batch_invariant and translator.folder.variant(translator.variant).batch_invariant,
         "weight_bits": translator.folder.variant(translator.variant).weight_bits,  # int8 products' (format 11)
         "warnings": translator.warnings,  # what to change for it to run as measured (translator.weight_bits_warnings)
         "config": manifest.config.model_dump(),

@@ -31,9 +31,11 @@ FORMAT = "transformer-mt-model"
 # graph, for static batches, whose self-attention reads the whole time axis of a cache as long as its rows
 # (`decoder_step_dense`, optional, int8 variants; model_export/quantize.py); 11: an int8 variant may say how many
 # bits its products' weights take (`weight_bits`: 7 from `quantize` since this format; none said: 8; service/cpu.py).
+# 12: a variant may say its graphs are batch-invariant (`batch_invariant`: a row's numbers depend on that row alone:
+# int8 activations quantized row by row, the step graph's cross-attention in plain operators; none said: not).
 # model_export writes FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on
 # (service/runtime.py: step_candidates, OnnxRuntime).
-FORMAT_VERSION = 11
+FORMAT_VERSION = 12
 OLDEST_FORMAT_VERSION = 3
 # a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5),
 # one-row (format 6) and dense (format 10) step graphs
@@ -98,6 +100,10 @@ class VariantSpec(_Strict):
     # format 11, int8 variants: the bits of the DynamicQuantizeMatMul products' weights (7: their pairs of products
     # fit the 16-bit sums of a CPU without VNNI; none stated: 8, as `quantize` wrote them before format 11)
     weight_bits: Literal[7, 8] | None = None
+    # format 12: whether a row's numbers in every graph but the optional fast ones (ragged, one-row, dense) depend on
+    # that row alone, whatever shares its batch (model_export: onnx_graphs._padded_cross_attention and
+    # quantize.to_per_row_products); the server refuses a variant without it unless MT_BATCH_INVARIANT is off
+    batch_invariant: bool = False
     shared_initializers: list[SharedInitializer] = []
 
 

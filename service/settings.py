@@ -146,6 +146,14 @@ class Settings(BaseSettings):
     batching: Literal["continuous", "static"] = Field(
         "continuous", description="continuous: sentences join and leave between decoder steps; static: run to end"
     )
+    batch_invariant: bool = Field(
+        True,
+        description="a sentence's translation, scores and alternatives are the same whatever shares its batch "
+        "(for a given model folder, variant, decoding options, ONNX Runtime version and thread settings): only the "
+        "step graph runs, and a model folder whose variant was written before batch-invariant graphs (format 12) "
+        "is refused. false: also run the folder's faster graphs for some batches (the ragged, one-row and dense "
+        "step graphs), whose numbers differ from the step graph's, so a translation can change with its company",
+    )
     max_batch_rows: int = Field(64, ge=1, description="rows (sentences x beams) in one decoder step")
     max_batch_tokens: int = Field(
         16384, ge=1, description="sum over running rows of source length + maximum output length"

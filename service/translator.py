@@ -108,6 +108,7 @@ class Translator:
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
         self.max_output_tokens = min(settings.max_output_tokens, manifest.config.max_positions)  # positions it has
         self.variant = chosen_variant(folder, settings)  # MT_VARIANT, or as the providers make it
+        check_batch_invariant(folder, self.variant, settings)
         most = step_candidates(folder, folder.variant(self.variant)).most  # candidates per row, at most
         self.max_beam = (most - 1) // 2  # beam k takes 2k + 1 (decoding.candidates)
         limits = batch_limits(settings)
@@ -120,7 +121,8 @@ class Translator:
             self.scheduler = new_scheduler(runtime, self.rules, limits, metrics, self.name, streams, cores=cores)
         else:
             self.scheduler = EngineProcess(folder.path, settings, self.rules, limits, metrics, self.name, cores)
-        self.warnings = weight_bits_warnings(folder, self.variant)  # logged at load, listed by /v1/models
+        # logged at load, listed by /v1/models
+        self.warnings = weight_bits_warnings(folder, self.variant) + batch_variance_warnings(settings)
 
     def warm_up(self) -> None:
         """One real translation through both graphs before the server says it is ready."""
@@ -563,18 +565,45 @@ def weight_bits_warnings(folder: ModelFolder, variant: str) -> list[str]:
     ]
 
 
+def check_batch_invariant(folder: ModelFolder, variant: str, settings: Settings) -> None:
+    """ModelFolderError where MT_BATCH_INVARIANT holds and the variant's graphs were written before batch-invariant
+    ones (format 12), with the commands that rebuild the folder and the setting that serves it as it is."""
+    if not settings.batch_invariant or folder.variant(variant).batch_invariant:
+        return
+    path = folder.path
+    raise ModelFolderError(
+        f"{path}: variant {variant} was written before batch-invariant graphs (model folder format 12): its "
+        "translations would change with what shares their batch. Rebuild the folder: python -m model_export "
+        f"from-folder --model-dir {path} --out rebuilt.pt && python -m model_export export --checkpoint rebuilt.pt "
+        f"--out {path}-rebuilt && python -m model_export quantize --model-dir {path}-rebuilt (for int8); or serve "
+        "it as it is with MT_BATCH_INVARIANT=false"
+    )
+
+
+def batch_variance_warnings(settings: Settings) -> list[str]:
+    """The warning of a server that runs its faster graphs (MT_BATCH_INVARIANT=false)."""
+    if settings.batch_invariant:
+        return []
+    return [
+        "MT_BATCH_INVARIANT=false: the ragged, one-row and dense step graphs run for some batches, so a sentence's "
+        "translation can change with what shares its batch"
+    ]
+
+
 def step_graph_options(folder: ModelFolder, variant: str, settings: Settings) -> dict[str, bool | int]:
     """SessionSettings' step-graph fields as the server sets them (open_runtime; bench.engine measures the same):
-    the ragged graph (ragged_step), the one-row graph (MT_SINGLE_ROW_STEP) for steps of up to single_row_rows, and
-    under static batching the dense step graph (format 10) in place of the ragged one, for steps of 8 rows or more
-    (DENSE_STEP_ROWS): a static batch's rows all have the same length, which its self-attention reads faster
-    (model_export/quantize.py, to_dense_self_attention); a continuous batch's rows each have their own, which the
-    step graph reads alone, over a cache that reserves its time axis."""
+    with MT_BATCH_INVARIANT (the default) none but the step graph, else the ragged graph (ragged_step), the one-row
+    graph (MT_SINGLE_ROW_STEP) for steps of up to single_row_rows, and under static batching the dense step graph
+    (format 10) in place of the ragged one, for steps of 8 rows or more (DENSE_STEP_ROWS): a static batch's rows all
+    have the same length, which its self-attention reads faster (model_export/quantize.py, to_dense_self_attention);
+    a continuous batch's rows each have their own, which the step graph reads alone, over a cache that reserves its
+    time axis."""
+    fast = not settings.batch_invariant  # each of these graphs gives a row other numbers than the step graph
     return {
-        "ragged_step": ragged_step(ragged_graph_bytes(folder, variant), settings),
-        "single_row_step": settings.single_row_step,
+        "ragged_step": fast and ragged_step(ragged_graph_bytes(folder, variant), settings),
+        "single_row_step": fast and settings.single_row_step,
         "single_row_rows": single_row_rows(folder.manifest.config),
-        "dense_step": settings.batching == "static",
+        "dense_step": fast and settings.batching == "static",
     }
 
 
@@ -590,7 +619,7 @@ def step_graphs(folder: ModelFolder, settings: Settings) -> list[str]:
         graphs.append(f"dense (static batches of {DENSE_STEP_ROWS} rows or more)")  # (CPU-only sessions: OnnxRuntime)
     elif options["ragged_step"]:
         graphs.append("ragged")
-    wanted = settings.single_row_step and not cuda_present(settings)  # CUDA asked for but absent: the CPU's graphs
+    wanted = bool(options["single_row_step"]) and not cuda_present(settings)  # CUDA asked for but absent: CPU's
     if variant.decoder_step_single is not None and wanted:
         rows = single_row_rows(folder.manifest.config)
         graphs.append("one-row" if rows == 1 else f"one-row (steps of up to {rows} rows)")

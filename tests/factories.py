@@ -68,13 +68,14 @@ def write_checkpoint(checkpoint: Checkpoint, path: Path) -> Path:
     return path
 
 
-# An int8 variant's graphs whose products `quantize_dynamic` wrote (the one-row graph's are MatMulNBits)
+# An int8 variant's graphs whose products are MatMulIntegerToFloat over per-row activation codes
+# (model_export.quantize.to_per_row_products; the one-row graph's are MatMulNBits)
 DYNAMIC_INT8_GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_dense")
 
 
 def product_weights(graph: Path) -> dict[str, np.ndarray]:
-    """An int8 graph's products' weights (MatMulInteger's constant second input), by name: (K, N) int8 each."""
+    """An int8 graph's products' weights (MatMulIntegerToFloat's constant second input), by name: (K, N) int8 each."""
     model = onnx.load(graph, load_external_data=False)
     constants = {t.name: t for t in model.graph.initializer}
-    names = [node.input[1] for node in model.graph.node if node.op_type == "MatMulInteger"]
+    names = [node.input[1] for node in model.graph.node if node.op_type == "MatMulIntegerToFloat"]
     return {name: numpy_helper.to_array(constants[name]) for name in names}

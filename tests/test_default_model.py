@@ -25,7 +25,7 @@ def client() -> TestClient:
 def test_the_folder_is_intact_and_int8_by_default() -> None:
     manifest = load_model_folder(DEFAULT).manifest  # checksums of every file
     assert manifest.default_variant == "int8" and set(manifest.variants) == {"fp32", "int8"}
-    assert manifest.format_version == 11 and manifest.variants["int8"].decoder_step_single is not None  # one row
+    assert manifest.format_version == 12 and manifest.variants["int8"].decoder_step_single is not None  # one row
     assert manifest.variants["int8"].decoder_step_dense is not None  # format 10: static batches
     assert {"ø", "ř", "ß", "é", "μ"} <= set(manifest.tokenizer.rare_letters)  # format 9: `model_export letters`
     assert manifest.variants["int8"].decoder_step.named("log_softmax")  # format 8: greedy steps may skip it

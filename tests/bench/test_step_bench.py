@@ -34,7 +34,7 @@ def test_every_operator_type_is_listed_when_top_allows(model_dir: Path, capsys: 
     assert step.main(args) == 0
     out = capsys.readouterr().out
     listed = {op for op in re.findall(r"^\| (\w+) \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)}
-    assert {"GroupQueryAttention", "MultiHeadAttention"} <= listed  # self- and cross-attention
+    assert {"GroupQueryAttention", "FusedMatMul"} <= listed  # self- and cross-attention
     assert re.search(r"^\| the rest \| 0.00 \|$", out, re.MULTILINE)
 
 
@@ -45,13 +45,13 @@ def test_rows_must_be_whole_beams(model_dir: Path) -> None:
 
 def test_one_row_is_profiled_in_the_one_row_graph(quantized: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An int8 folder's step of one row runs its one-row step graph (format 6): that is the graph profiled, named in
-    its column, MatMulNBits its products where two rows take DynamicQuantizeMatMul."""
+    its column, MatMulNBits its products where two rows take MatMulIntegerToFloat."""
     args = ["--model", str(quantized), "--variant", "int8", "--rows", "1,2", "--steps", "2", "--top", "99"]
     assert step.main(args) == 0
     out = capsys.readouterr().out
     assert "| operator | 1 rows, 1 thread, the one-row graph | 2 rows, 1 thread |" in out
     assert re.search(r"^\| MatMulNBits \| [\d.]+ \(\d+\) \| - \|$", out, re.MULTILINE)
-    assert re.search(r"^\| DynamicQuantizeMatMul \| - \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)
+    assert re.search(r"^\| MatMulIntegerToFloat \| - \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)
 
 
 def test_beams_whose_first_step_took_the_one_row_graph_are_profiled_in_their_own(
@@ -63,7 +63,7 @@ def test_beams_whose_first_step_took_the_one_row_graph_are_profiled_in_their_own
     assert step.main(args) == 0
     out = capsys.readouterr().out
     assert "| operator | 2 rows, 1 thread |" in out
-    assert re.search(r"^\| DynamicQuantizeMatMul \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)
+    assert re.search(r"^\| MatMulIntegerToFloat \| [\d.]+ \(\d+\) \|$", out, re.MULTILINE)
 
 
 def test_an_if_counts_only_its_own_time_beside_the_nodes_its_branch_ran() -> None:

@@ -54,6 +54,11 @@ from tests.fakes import PatientSteps
 from tests.service.test_gpu import assert_written_in_place, one_attention_graph
 
 
+def fast(**fields: object) -> Settings:
+    """Settings that also open the faster step graphs (MT_BATCH_INVARIANT=false), which these tests exercise."""
+    return Settings(batch_invariant=False, **fields)
+
+
 def test_cpu_is_always_the_fallback() -> None:
     assert usable_providers(("CPUExecutionProvider",)) == ["CPUExecutionProvider"]
     assert usable_providers(()) == ["CPUExecutionProvider"]
@@ -123,23 +128,23 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     paper = shipped.model_copy(update={"d_model": 512, "d_ff": 2048, "n_decoder_layers": 6, "tgt_vocab_size": 59514})
     assert decoder_macs_per_token(paper) > SHARED_STEP_MACS > decoder_macs_per_token(shipped)
     monkeypatch.setattr("service.translator.available_cores", lambda: 6)
-    assert intra_op_threads(shipped, Settings()) == 1
-    assert intra_op_threads(shipped, Settings(intra_op_threads=3)) == 3  # an explicit count wins
-    assert decoder_streams(paper, Settings()) == 2 and decoder_streams(shipped, Settings()) == 1
-    assert intra_op_threads(paper, Settings()) == 3  # the cores split between the two streams
-    assert intra_op_threads(paper, Settings(decoder_streams=1)) == 6  # an explicit count wins
-    assert decoder_streams(paper, Settings(decoder_streams=3)) == 3
+    assert intra_op_threads(shipped, fast()) == 1
+    assert intra_op_threads(shipped, fast(intra_op_threads=3)) == 3  # an explicit count wins
+    assert decoder_streams(paper, fast()) == 2 and decoder_streams(shipped, fast()) == 1
+    assert intra_op_threads(paper, fast()) == 3  # the cores split between the two streams
+    assert intra_op_threads(paper, fast(decoder_streams=1)) == 6  # an explicit count wins
+    assert decoder_streams(paper, fast(decoder_streams=3)) == 3
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    assert decoder_streams(paper, Settings(providers=["cuda", "cpu"])) == 1  # measured on CPUs only
+    assert decoder_streams(paper, fast(providers=["cuda", "cpu"])) == 1  # measured on CPUs only
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
-    assert decoder_streams(paper, Settings(providers=["cuda", "cpu"])) == 2  # no CUDA here: laid out as on the CPU
-    assert intra_op_threads(shipped, Settings(decoder_streams=2)) == 1
+    assert decoder_streams(paper, fast(providers=["cuda", "cpu"])) == 2  # no CUDA here: laid out as on the CPU
+    assert intra_op_threads(shipped, fast(decoder_streams=2)) == 1
     monkeypatch.setattr("service.translator.available_cores", lambda: 1)
-    assert decoder_streams(paper, Settings()) == 1 and intra_op_threads(paper, Settings()) == 1
+    assert decoder_streams(paper, fast()) == 1 and intra_op_threads(paper, fast()) == 1
     monkeypatch.setattr("service.translator.available_cores", lambda: 6)
     monkeypatch.setenv("MT_MODELS_DIR", str(model_dir.parent))
     monkeypatch.setenv("MT_MODELS", model_dir.name)
-    [translator] = load_translators(Settings(engine_process=False), Metrics())  # the tiny test model
+    [translator] = load_translators(fast(engine_process=False), Metrics())  # the tiny test model
     assert translator.runtime.decoder.get_session_options().intra_op_num_threads == 1
     assert translator.runtime.ragged is not None  # a small decoder: its ragged step graph too
     translator.scheduler.stop()
@@ -153,12 +158,12 @@ def test_the_ragged_step_graph_opens_unasked_where_its_copy_of_the_weights_is_sm
     shipped = load_model_folder(SHIPPED_MODELS / "en-fr", verify_checksums=False)
     assert ragged_graph_bytes(shipped, "int8") == shipped.manifest.files["decoder_step_ragged.int8.onnx"].bytes
     int8, fp32 = 53_727_736, 333_371_106  # the paper size's ragged graphs
-    assert ragged_step(ragged_graph_bytes(shipped, "fp32"), Settings()) and ragged_step(int8, Settings())
-    assert not ragged_step(fp32, Settings()) and ragged_step(fp32, Settings(ragged_step=True))  # as set
-    assert not ragged_step(int8, Settings(ragged_step=False)) and not ragged_step(None, Settings(ragged_step=True))
+    assert ragged_step(ragged_graph_bytes(shipped, "fp32"), fast()) and ragged_step(int8, fast())
+    assert not ragged_step(fp32, fast()) and ragged_step(fp32, fast(ragged_step=True))  # as set
+    assert not ragged_step(int8, fast(ragged_step=False)) and not ragged_step(None, fast(ragged_step=True))
     folder = load_model_folder(model_dir)
-    assert step_graph_options(folder, "fp32", Settings())["ragged_step"]  # the tiny model's: a few kB
-    assert not step_graph_options(folder, "fp32", Settings(ragged_step=False))["ragged_step"]
+    assert step_graph_options(folder, "fp32", fast())["ragged_step"]  # the tiny model's: a few kB
+    assert not step_graph_options(folder, "fp32", fast(ragged_step=False))["ragged_step"]
 
 
 def env_allocators(session: ort.InferenceSession) -> str | None:
@@ -473,7 +478,7 @@ def test_a_step_of_one_row_runs_the_step_graph_for_one_row(quantized: Path) -> N
             assert not np.array_equal(out["single"].log_probs, out["plain"].log_probs)  # another graph ran
         errors = [np.abs(out[name].log_probs - out["fp32"].log_probs).max() for name in ("single", "plain")]
         assert errors[0] < 0.5 and errors[0] < 3 * errors[1] + 0.05  # int8's error, not a wrong graph's
-    off, on = Settings(variant="int8", single_row_step=False), Settings(variant="int8")  # the server's settings
+    off, on = fast(variant="int8", single_row_step=False), fast(variant="int8")  # the server's settings
     assert open_runtime(folder, off).single is None and open_runtime(folder, on).single is not None
 
 
@@ -519,15 +524,15 @@ def test_the_dense_step_graph_gives_the_step_graphs_results_over_a_cache_as_long
         for mine, theirs in zip(caches["dense"].self_keys, caches["plain"].self_keys, strict=True):
             np.testing.assert_allclose(mine[rows, :, slots], theirs[rows, :, slots], rtol=0, atol=1e-5)
     assert caches["dense"].capacity > MIN_CAPACITY
-    static = Settings(variant="int8", batching="static")
-    assert not open_runtime(folder, Settings(variant="int8")).dense  # continuous batching: a reserved cache
+    static = fast(variant="int8", batching="static")
+    assert not open_runtime(folder, fast(variant="int8")).dense  # continuous batching: a reserved cache
     assert open_runtime(folder, static).dense
     assert step_graphs(folder, static) == ["step", "dense (static batches of 8 rows or more)", "one-row"]
     assert not OnnxRuntime(folder, "fp32", SessionSettings(dense_step=True)).dense  # fp32 has none: the step graph
     cuda = SessionSettings(("CUDAExecutionProvider", "CPUExecutionProvider"), dense_step=True)
     has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
     assert OnnxRuntime(folder, "int8", cuda).dense is not has_cuda  # measured on CPUs only: not beside CUDA ...
-    on_cpu = Settings(variant="int8", batching="static", providers=["cuda", "cpu"])  # ... but asked for and absent
+    on_cpu = fast(variant="int8", batching="static", providers=["cuda", "cpu"])  # ... but asked for and absent
     assert ("dense (static batches of 8 rows or more)" in step_graphs(folder, on_cpu)) is not has_cuda
     assert open_runtime(folder, on_cpu).dense is not has_cuda
 
@@ -582,19 +587,19 @@ def test_the_start_up_line_names_the_step_graphs_the_engine_opens(
     """An operator sees whether a folder's one-row graph (format 6) runs: int8 on CPU unless MT_SINGLE_ROW_STEP is
     false; not for fp32 (it has none) nor on CUDA."""
     folder = load_model_folder(quantized)
-    assert step_graphs(folder, Settings(variant="int8")) == ["step", "ragged", "one-row"]  # a small decoder: ragged
-    assert step_graphs(folder, Settings(variant="int8", single_row_step=False, ragged_step=False)) == ["step"]
-    assert step_graphs(folder, Settings(variant="fp32")) == ["step", "ragged"]
+    assert step_graphs(folder, fast(variant="int8")) == ["step", "ragged", "one-row"]  # a small decoder: ragged
+    assert step_graphs(folder, fast(variant="int8", single_row_step=False, ragged_step=False)) == ["step"]
+    assert step_graphs(folder, fast(variant="fp32")) == ["step", "ragged"]
     with monkeypatch.context() as cuda:
         cuda.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-        assert step_graphs(folder, Settings(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged"]
+        assert step_graphs(folder, fast(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged"]
     with monkeypatch.context() as cpu_only:  # CUDA asked for, absent: the sessions run on the CPU, its graphs too
         cpu_only.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
-        assert step_graphs(folder, Settings(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged", "one-row"]
+        assert step_graphs(folder, fast(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged", "one-row"]
     monkeypatch.setenv("MT_MODELS_DIR", str(quantized.parent))
     monkeypatch.setenv("MT_MODELS", quantized.name)
     with caplog.at_level(logging.INFO, logger="service.translator"):
-        [translator] = load_translators(Settings(engine_process=False, variant="int8", pin_cores=False), Metrics())
+        [translator] = load_translators(fast(engine_process=False, variant="int8", pin_cores=False), Metrics())
     translator.scheduler.stop()
     assert translator.runtime.single is not None
     assert "step graphs: step, ragged, one-row" in caplog.text
@@ -619,7 +624,7 @@ def test_an_int8_folder_without_the_one_row_graph_is_served_and_says_how_to_add_
     cache.add(memory.keys, memory.values, mask)
     runtime.step(np.array([folder.manifest.special_ids.decoder_start]), cache, candidates=2)
     assert cache.bound.graph == "decoder_step"
-    [*_, hint] = step_graphs(folder, Settings(variant="int8"))
+    [*_, hint] = step_graphs(folder, fast(variant="int8"))
     assert hint == f"no one-row graph in the folder (`python -m model_export quantize --model-dir {old}`)"
 
 
