@@ -81,7 +81,8 @@ class Ours:
     shared between them (as CTranslate2's inter_threads)."""
 
     def __init__(
-        self, folder: Path, variant: str, device: str = "cpu", streams: int = 1, threads: int = THREADS
+        self, folder: Path, variant: str, device: str = "cpu", streams: int = 1, threads: int = THREADS,
+        invariant: bool = True,
     ) -> None:
         from service.engine import TokenRules
         from service.model_folder import load_model_folder
@@ -91,7 +92,8 @@ class Ours:
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
-        steps = step_graph_options(loaded, variant, Settings(batching="static"))  # the static mode's step graphs
+        # the static mode's step graphs; not `invariant`: also the faster ones (MT_BATCH_INVARIANT=false)
+        steps = step_graph_options(loaded, variant, Settings(batching="static", batch_invariant=invariant))
         settings = SessionSettings(providers, threads, **steps)
         self.runtime = OnnxRuntime(loaded, variant, settings)
         if self.runtime.providers[0] != providers[0]:
@@ -338,8 +340,19 @@ def convert_peers(base: Path, engines: list[str]) -> None:
         )
     variants = json.loads((ours / "manifest.json").read_text(encoding="utf-8"))["variants"]
     for variant, command in (("int8", "quantize"), ("fp16", "half")):
-        if f"ours-{variant}" in engines and variant not in variants:
+        if any(e.startswith(f"ours-{variant}") for e in engines) and variant not in variants:
             run_command(sys.executable, "-m", "model_export", command, "--model-dir", str(ours))
+    per_tensor = base / "ours-per-tensor"  # the same fp32 graphs, int8 with one activation scale per tensor
+    if "ours-int8-per-tensor" in engines and not (written_by_this_exporter(per_tensor) and has_int8(per_tensor)):
+        shutil.rmtree(per_tensor, ignore_errors=True)
+        shutil.copytree(ours, per_tensor, ignore=shutil.ignore_patterns("*.int8.*", "embeddings.*", "*fp16*"))
+        manifest = json.loads((per_tensor / "manifest.json").read_text(encoding="utf-8"))
+        manifest["variants"] = {"fp32": manifest["variants"]["fp32"]}
+        manifest["default_variant"] = "fp32"
+        manifest["files"] = {n: e for n, e in manifest["files"].items() if (per_tensor / n).exists()}
+        (per_tensor / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+        quantize = [sys.executable, "-m", "model_export", "quantize", "--model-dir", str(per_tensor)]
+        run_command(*quantize, "--activation-scales", "per-tensor")
     converter = [sys.executable, "-m", "ctranslate2.converters.transformers"]  # ct2-transformers-converter
     needed = {"int8" if name == "ct2-int8" else "float32" for name in engines if name.startswith("ct2-")}
     for quantization in sorted(needed):
@@ -348,6 +361,10 @@ def convert_peers(base: Path, engines: list[str]) -> None:
             run_command(
                 *converter, "--model", str(hf), "--output_dir", str(target), "--quantization", quantization, "--force"
             )
+
+
+def has_int8(folder: Path) -> bool:
+    return "int8" in json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["variants"]
 
 
 def written_by_this_exporter(folder: Path) -> bool:
@@ -449,6 +466,10 @@ def start_engines(base: Path, which: list[str], device: str) -> list[Engine]:
     pieces = vocabulary_pieces(base / "hf")
     specs = {
         "ours-int8": ("ours", {"folder": base / "ours", "variant": "int8"}),
+        # the cost of batch invariance: the same int8 weights with one activation scale per tensor, and the faster
+        # graphs (dense for static batches, one-row) that MT_BATCH_INVARIANT=false runs
+        "ours-int8-per-tensor": ("ours", {"folder": base / "ours-per-tensor", "variant": "int8", "invariant": False}),
+        "ours-int8-fast": ("ours", {"folder": base / "ours", "variant": "int8", "invariant": False}),
         "ours-fp32": ("ours", {"folder": base / "ours", "variant": "fp32"}),
         "ours-fp16": ("ours", {"folder": base / "ours", "variant": "fp16"}),
         "ct2-int8": ("ctranslate2", {"ct2_dir": base / "ct2-int8", "compute_type": "int8", "pieces": pieces}),

@@ -66,9 +66,23 @@ def int8_name(file_name: str) -> str:
     return file_name.removesuffix(".onnx") + ".int8.onnx"
 
 
-def quantize_graph(source: Path, target: Path, per_channel: bool, embeddings: bool, activation_rank: int) -> None:
+ACTIVATION_SCALES = ("per-row", "per-tensor")  # the manifest's `activation_scales` (format 12)
+
+
+def quantize_graph(
+    source: Path, target: Path, per_channel: bool, embeddings: bool, activation_rank: int, scales: str = "per-row"
+) -> None:
     """int8 weights for every MatMul with a constant weight, the products' in 7 bits (REDUCED_RANGE), their
-    activations quantized row by row (to_per_row_products), and the embedding tables if asked."""
+    activations quantized row by row (to_per_row_products), and the embedding tables if asked. `scales`
+    "per-tensor": ONNX Runtime's dynamic quantization instead, one scale for each activation tensor (every row of
+    the batch), faster by the passes over the activations that it fuses, and not batch-invariant."""
+    if scales == "per-tensor":
+        quantize_dynamic(
+            model_input=source, model_output=target, weight_type=QuantType.QInt8, per_channel=per_channel,
+            op_types_to_quantize=["MatMul", "Gather"] if embeddings else ["MatMul"], reduce_range=REDUCED_RANGE,
+            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+        return
     if embeddings:
         quantize_dynamic(
             model_input=source, model_output=target, weight_type=QuantType.QInt8, per_channel=per_channel,
@@ -350,6 +364,7 @@ def add_int8_variant(
     make_default: bool = False,
     embeddings: bool = True,
     single_row_bits: int = 8,
+    activation_scales: str = "per-row",
 ) -> dict:
     """Quantizes the fp32 graphs into *.int8.onnx files, adds the step graph for one row (format 6; its weights
     `single_row_bits` bits: SINGLE_ROW_BLOCKS) and the one for static batches (format 10, to_dense_self_attention),
@@ -359,7 +374,9 @@ def add_int8_variant(
     for graph in variant_graphs(variant):
         name = int8_name(variant[graph]["file"])
         rank = 3 if graph == "encoder" else 2  # (B, S, D) activations in the encoder, (B, D) in the step graphs
-        quantize_graph(folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings, rank)
+        quantize_graph(
+            folder.file(variant[graph]["file"]), folder_path / name, per_channel, embeddings, rank, activation_scales
+        )
         variant[graph]["file"] = name
     single_row_graph(step, folder_path / SINGLE_ROW_FILE, per_channel, embeddings, single_row_bits)
     variant["decoder_step_single"] = {**variant["decoder_step"], "file": SINGLE_ROW_FILE}  # the same inputs, outputs
@@ -367,7 +384,8 @@ def add_int8_variant(
     variant["decoder_step_dense"] = {**variant["decoder_step"], "file": DENSE_FILE}  # format 10; the same contract
     # format 12: per-row activation scales (to_per_row_products); the step graph's cross-attention is the fp32 one's,
     # so the variant is batch-invariant when the fp32 variant is (an fp32 variant from before format 12 is not)
-    variant["batch_invariant"] = bool(variant.get("batch_invariant"))
+    variant["batch_invariant"] = bool(variant.get("batch_invariant")) and activation_scales == "per-row"
+    variant["activation_scales"] = activation_scales
     variant["weight_bits"] = WEIGHT_BITS  # format 11: a server on a CPU without VNNI warns of 8 (service/translator.py)
     manifest["format_version"] = max(manifest["format_version"], graph_io.FORMAT_VERSION)  # a reader of format 6 on
     shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one

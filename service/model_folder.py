@@ -104,6 +104,9 @@ class VariantSpec(_Strict):
     # that row alone, whatever shares its batch (model_export: onnx_graphs._padded_cross_attention and
     # quantize.to_per_row_products); the server refuses a variant without it unless MT_BATCH_INVARIANT is off
     batch_invariant: bool = False
+    # format 12, int8 variants: how the products' activations are quantized, each row with its own scale (per-row,
+    # batch-invariant) or each tensor with one (per-tensor, ONNX Runtime's dynamic quantization; none said: so)
+    activation_scales: Literal["per-row", "per-tensor"] | None = None
     shared_initializers: list[SharedInitializer] = []
 
 
