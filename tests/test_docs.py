@@ -29,7 +29,7 @@ OPERATIONS = TEXTS["docs/operations.md"]
 
 
 def test_the_configuration_page_is_the_generated_one() -> None:
-    assert CONFIGURATION == configuration_doc.render(), (
+    assert configuration_doc.render() == CONFIGURATION, (
         "docs/configuration.md is stale: run `.venv/bin/python -m tools.configuration_doc` and commit it"
     )
 
