@@ -106,7 +106,8 @@ class Settings(BaseSettings):
         description="open a model folder's step graph for one row (format 6, int8 variants) beside its step graph "
         "and run it for steps of one row (one sentence, greedy; up to 4 rows for a decoder of at least 16 M "
         "multiply-adds per token, whose weights stream from memory, on a CPU with VNNI, AMX or ARM's dot "
-        "products): its products read 8-bit weights in blocks of 128, which ONNX Runtime reads faster for one row "
+        "products): its products read 8-bit weights in blocks of 128 (4-bit in blocks of 32 with quantize "
+        "--single-row-bits 4, as the default model's), which ONNX Runtime reads faster for one row "
         "(a greedy step at batch 1: 0.77x the default model's time, 0.64x the paper size's). Its session holds its "
         "own copy of the decoder's weights (5 MB for the default model, ~60 MB at the paper's size). CPU only",
     )
