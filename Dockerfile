@@ -92,7 +92,7 @@ RUN groupadd --system --gid 10001 mt \
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=models /models /models
 COPY --from=builder /src/service /opt/app/service
-# MT_* settings are the server's (README, Configuration). The user has no home: HOME is /tmp (a tmpfs
+# MT_* settings are the server's (docs/configuration.md). The user has no home: HOME is /tmp (a tmpfs
 # under docker-compose.yml), where onnxruntime keeps its telemetry device id; nothing else is written,
 # so the root filesystem may be read-only.
 ENV PATH=/opt/venv/bin:$PATH \

@@ -142,10 +142,15 @@ def to_per_row_products(model: onnx.ModelProto, rank: int, per_channel: bool = T
             node("Mul", [f"{p}.top", "row.top_inverse"], [f"{p}.scale_0"]),  # (M, 1)
             node("Max", [f"{p}.scale_0", "row.tiny"], [f"{p}.scale"]),  # (M, 1) a row of zeros: codes of 128
             node("Reshape", [f"{p}.scale", "row.flat"], [f"{p}.scales"]),  # (M,)
-            node("Shape", [f"{p}.scales"], [f"{p}.rows_1"]),  # (1,) = [M]
-            node("Expand", ["row.zero_point", f"{p}.rows_1"], [f"{p}.zero_points"]),  # (M,) all 128
-            node("QuantizeLinear", [rows, f"{p}.scales", f"{p}.zero_points"], [f"{p}.codes"], axis=0),  # (M, K) uint8
         ]
+        if not quantized:  # the first: every product of a graph reads the same M rows, which share these
+            nodes += [
+                node("Shape", [f"{p}.scales"], ["row.rows_1"]),  # (1,) = [M]
+                node("Expand", ["row.zero_point", "row.rows_1"], ["row.zero_points"]),  # (M,) all 128
+            ]
+        nodes.append(
+            node("QuantizeLinear", [rows, f"{p}.scales", "row.zero_points"], [f"{p}.codes"], axis=0)
+        )  # (M, K) uint8
         return nodes, (f"{p}.codes", f"{p}.scale", lead)
 
     nodes, replaced, widths = [], set(), set()

@@ -67,7 +67,12 @@ class Settings(BaseSettings):
     models: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="subfolders of models_dir to load (empty: every model folder there)"
     )
-    variant: str | None = Field(None, description="graph variant to run (fp32, int8); default: each manifest's")
+    variant: str | None = Field(
+        None,
+        description="graph variant to run (fp32, int8, fp16 where `half` added it); default: each manifest's, except "
+        "that with CUDA among the providers an int8 default (whose products have no CUDA kernel) gives way to fp16 "
+        "where it can run there, else fp32; the log and /v1/models say which",
+    )
     glossary_file: Path | None = Field(
         None,
         description='a JSON file of glossaries by language pair, {"en": {"fr": {"Files": "Files", "file": "fichier"}}}'
@@ -86,7 +91,9 @@ class Settings(BaseSettings):
         description="threads inside one graph run; 0: per model, one per core when its decoder costs at least "
         "16 M multiply-adds per token, else 1 (a small model's steps are too short to share between cores)",
     )
-    inter_op_threads: int = Field(1, ge=1)
+    inter_op_threads: int = Field(
+        1, ge=1, description="ONNX Runtime's inter-op threads: independent nodes of one graph run at once beyond 1"
+    )
     ragged_step: bool | None = Field(
         None,
         description="open a model folder's ragged step graph (format 5) beside its step graph and run it for greedy "
@@ -99,7 +106,8 @@ class Settings(BaseSettings):
         description="open a model folder's step graph for one row (format 6, int8 variants) beside its step graph "
         "and run it for steps of one row (one sentence, greedy; up to 4 rows for a decoder of at least 16 M "
         "multiply-adds per token, whose weights stream from memory, on a CPU with VNNI, AMX or ARM's dot "
-        "products): its products read 8-bit weights in blocks of 128, which ONNX Runtime reads faster for one row "
+        "products): its products read 8-bit weights in blocks of 128 (4-bit in blocks of 32 with quantize "
+        "--single-row-bits 4, as the default model's), which ONNX Runtime reads faster for one row "
         "(a greedy step at batch 1: 0.77x the default model's time, 0.64x the paper size's). Its session holds its "
         "own copy of the decoder's weights (5 MB for the default model, ~60 MB at the paper's size). CPU only",
     )
@@ -185,8 +193,12 @@ class Settings(BaseSettings):
     )
 
     # -- decoding defaults and limits ----------------------------------------------------------
-    default_beam_size: int = Field(1, ge=1, le=16)
-    max_beam_size: int = Field(8, ge=1, le=16)
+    default_beam_size: int = Field(
+        1, ge=1, le=16, description="beams for a request that gives no beam_size (1: greedy); at most max_beam_size"
+    )
+    max_beam_size: int = Field(
+        8, ge=1, le=16, description="the largest beam_size, and alternatives + 1, a request may ask (400 beyond it)"
+    )
     default_length_penalty: float = Field(1.0, ge=0.0, le=5.0, description="as a request's length_penalty: 0 to 5")
     max_output_tokens: int = Field(512, ge=1, description="absolute cap on generated tokens per sentence")
     max_output_ratio: float = Field(2.0, gt=0, le=100, description="relative cap: ratio x source tokens + 10")
@@ -202,10 +214,10 @@ class Settings(BaseSettings):
         "a button's value, a meta description: service/text.py ATTRIBUTES) besides the text between tags, and a "
         "lang attribute of the source language says the target's (and the page's dir its direction)",
     )
-    max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413 above)")
-    max_request_items: int = Field(128, ge=1, description="strings in one request's q list (413 above)")
+    max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413)")
+    max_request_items: int = Field(128, ge=1, description="strings in one request's q list (413)")
     max_request_sentences: int = Field(512, ge=1, description="sentences in one request after splitting (413)")
-    max_body_bytes: int = Field(1_000_000, ge=1, description="request body size (413 above)")
+    max_body_bytes: int = Field(1_000_000, ge=1, description="request body size (413)")
 
     # -- access --------------------------------------------------------------------------------
     api_keys: Annotated[list[str], NoDecode] = Field(
@@ -216,7 +228,9 @@ class Settings(BaseSettings):
         description="if set, /metrics and /v1/models need one of these keys (X-API-Key or Authorization: Bearer)",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="CORS off when empty")
-    log_level: str = "INFO"
+    log_level: str = Field(
+        "INFO", description="Python's level names, any case; every line carries the request id (X-Request-ID)"
+    )
     access_log: bool = Field(
         default=True, description="a line a request at INFO (method, path, status, ms); false: none, other logs kept"
     )
@@ -328,4 +342,4 @@ def unknown_variables(environ: dict[str, str] | None = None) -> list[str]:
 
 def warn_unknown_variables(log: logging.Logger) -> None:
     for line in unknown_variables():
-        log.warning("%s is not a setting and is ignored (README, Configuration)", line)
+        log.warning("%s is not a setting and is ignored (docs/configuration.md)", line)
