@@ -153,8 +153,14 @@ def to_per_row_products(model: onnx.ModelProto, rank: int, per_channel: bool = T
         )  # (M, K) uint8
         return nodes, (f"{p}.codes", f"{p}.scale", lead)
 
-    nodes, replaced, widths = [], set(), set()
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for each in graph.node:
+        for name in each.input:
+            readers.setdefault(name, []).append(each)
+    nodes, replaced, widths, dropped = [], set(), set(), set()
     for old in graph.node:
+        if id(old) in dropped:
+            continue
         if old.op_type != "MatMul" or old.input[1] not in constants:
             nodes.append(old)
             continue
@@ -172,9 +178,15 @@ def to_per_row_products(model: onnx.ModelProto, rank: int, per_channel: bool = T
         graph.initializer.extend(
             [numpy_helper.from_array(w_codes, f"{w}.i8"), numpy_helper.from_array(w_scales, f"{w}.i8_scale")]
         )
-        # the bias Add stays a node of its own: ONNX Runtime 1.31's MatMulIntegerToFloat drops its bias input when
-        # a_scale has a value per row
+        # the bias Add stays a node of its own (ONNX Runtime 1.31's MatMulIntegerToFloat drops its bias input when
+        # a_scale has a value per row), unless the bias is all zeros (a Marian model's final_logits_bias): x + 0 = x
         inputs, output = [codes, f"{w}.i8", row_scales, f"{w}.i8_scale", "row.zero_point"], old.output[0]
+        after = readers.get(output, [])
+        if len(after) == 1 and after[0].op_type == "Add" and after[0].input[0] == output:
+            bias = constants.get(after[0].input[1])
+            if bias is not None and tuple(bias.dims) == (n,) and not numpy_helper.to_array(bias).any():
+                output = after[0].output[0]
+                dropped.add(id(after[0]))
         product = output if lead is None else f"row.{output}.flat"
         nodes.append(
             node(
