@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -24,6 +25,7 @@ from tests.test_containers import (
     IMAGE,
     ROOT,
     STEERING_PREFIXES,
+    dashboard_queries,
     docker_missing,
     free_port,
     get_json,
@@ -31,6 +33,8 @@ from tests.test_containers import (
     run,
     tail,
 )
+
+HAPROXY_METRIC = re.compile(r"(?<![\w:])haproxy_[a-z0-9_]+")
 
 COMPOSE_SCALE = ROOT / "docker-compose.scale.yml"
 BALANCER_IMAGE = "transformer-mt-haproxy:test"
@@ -187,3 +191,12 @@ def test_a_replica_killed_under_load_costs_no_request_and_comes_back(scaled: Sca
     assert len(load.since(alone)) > 0 and len(during) > 20, f"too little load to tell: {len(during)} answers"
     after = {server for moment, _, server in answers if moment >= back}
     assert len(after) == 2, f"after the restart only {after} answered"
+
+
+@pytest.mark.timeout(1500)
+def test_the_dashboard_queries_only_metrics_the_balancer_exports(scaled: Scaled) -> None:
+    used = {name for query in dashboard_queries() for name in HAPROXY_METRIC.findall(query)}
+    assert "haproxy_backend_active_servers" in used, sorted(used)
+    with urllib.request.urlopen(f"{scaled.stats}/metrics", timeout=10) as response:
+        exported = {line.split("{")[0].split()[0] for line in response.read().decode().splitlines() if line[:1] != "#"}
+    assert not used - exported, f"the dashboard queries what HAProxy does not export: {sorted(used - exported)}"
