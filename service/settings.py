@@ -25,8 +25,8 @@ SECRETS = frozenset(["api_keys", "metadata_api_keys"])  # their values never rea
 A_DAY = 86_400.0  # the longest timeout taken: beyond it time arithmetic overflows (a time_t), and no request waits so
 # docker-compose.yml's own variables, which the compose file reads and the server never sees
 COMPOSE_VARIABLES = frozenset(
-    ["MT_PORT", "MT_BIND_ADDRESS", "MT_CPUS", "MT_MEMORY", "MT_IMAGE", "MT_IMAGE_CUDA", "MT_STOP_GRACE_PERIOD", "MT_REPLICAS"]
-)
+    ["MT_PORT", "MT_BIND_ADDRESS", "MT_CPUS", "MT_MEMORY", "MT_IMAGE", "MT_IMAGE_CUDA", "MT_STOP_GRACE_PERIOD"]
+) | {"MT_REPLICAS"}  # docker-compose.scale.yml's
 
 
 def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
