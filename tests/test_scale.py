@@ -22,14 +22,19 @@ import pytest
 
 from tests.test_containers import (
     COMPOSE,
+    DOCKER_DIR,
     IMAGE,
     ROOT,
+    RULES,
     STEERING_PREFIXES,
+    compose_cli_missing,
     dashboard_queries,
     docker_missing,
     free_port,
     get_json,
+    linter,
     poll,
+    promtool,
     run,
     tail,
 )
@@ -37,6 +42,7 @@ from tests.test_containers import (
 HAPROXY_METRIC = re.compile(r"(?<![\w:])haproxy_[a-z0-9_]+")
 
 COMPOSE_SCALE = ROOT / "docker-compose.scale.yml"
+HAPROXY_DIR = DOCKER_DIR / "haproxy"
 BALANCER_IMAGE = "transformer-mt-haproxy:test"
 BODY = json.dumps({"q": ["Open the file.", "The weather is nice today."], "source": "en", "target": "fr"}).encode()
 
@@ -200,3 +206,53 @@ def test_the_dashboard_queries_only_metrics_the_balancer_exports(scaled: Scaled)
     with urllib.request.urlopen(f"{scaled.stats}/metrics", timeout=10) as response:
         exported = {line.split("{")[0].split()[0] for line in response.read().decode().splitlines() if line[:1] != "#"}
     assert not used - exported, f"the dashboard queries what HAProxy does not export: {sorted(used - exported)}"
+
+
+# -- lint checks of the files themselves (no stack) -----------------------------------------------------------
+
+
+def test_the_scale_override_unpublishes_the_translators_and_publishes_the_balancer() -> None:
+    reason = compose_cli_missing()
+    if reason:
+        pytest.skip(reason)
+    files = ["--file", str(COMPOSE), "--file", str(COMPOSE_SCALE)]
+    result = run(["docker", "compose", "--env-file", os.devnull, *files, "config", "--format", "json"])
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    assert not services["translator"].get("ports"), services["translator"].get("ports")
+    assert services["translator"]["deploy"]["replicas"] == 2
+    published = {(p["host_ip"], p["published"], p["target"]) for p in services["balancer"]["ports"]}
+    assert ("127.0.0.1", "8000", 8000) in published, published
+    assert services["balancer"]["depends_on"]["translator"]["condition"] == "service_healthy"
+    assert services["prometheus"]["volumes"][0]["source"].endswith("prometheus.scale.yml")
+
+
+def test_hadolint_reports_nothing_on_the_balancers_dockerfile() -> None:
+    hadolint = linter("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (`docker-local.sh tools` installs it)")
+    result = run([hadolint, str(HAPROXY_DIR / "Dockerfile")])
+    assert result.returncode == 0 and not result.stdout.strip(), f"hadolint:\n{result.stdout}{result.stderr}"
+
+
+def test_promtool_accepts_the_scale_config() -> None:
+    tool = promtool()
+    if len(tool) == 1:
+        check = [*tool, "check", "config", "--syntax-only", str(DOCKER_DIR / "prometheus.scale.yml")]
+    else:
+        check = [*tool[:-1], "-v", f"{RULES}:/etc/prometheus/rules.yml:ro", tool[-1]]
+        check += ["check", "config", "/cfg/prometheus.scale.yml"]
+    result = run(check)
+    assert result.returncode == 0, f"promtool check config:\n{result.stdout}{result.stderr}"
+
+
+def test_haproxy_accepts_its_config() -> None:
+    """haproxy -c in the balancer's image, as docker compose runs it (the slots' variable set)."""
+    reason = docker_missing()
+    if reason:
+        pytest.skip(reason)
+    if run(["docker", "image", "inspect", BALANCER_IMAGE]).returncode != 0:
+        pytest.skip(f"no {BALANCER_IMAGE} image (the stack tests above build it)")
+    command = ["docker", "run", "--rm", "-e", "HAPROXY_SERVER_SLOTS=4", "-v", f"{HAPROXY_DIR}/haproxy.cfg:/cfg:ro"]
+    result = run([*command, BALANCER_IMAGE, "haproxy", "-c", "-f", "/cfg"])
+    assert result.returncode == 0, f"haproxy -c:\n{result.stdout}{result.stderr}"
