@@ -200,6 +200,27 @@ def test_a_replica_killed_under_load_costs_no_request_and_comes_back(scaled: Sca
 
 
 @pytest.mark.timeout(1500)
+def test_a_replica_stopped_under_load_drains_without_a_failed_request(scaled: Scaled) -> None:
+    """docker stop: SIGTERM, /ready answers 503, new requests go to the other replica (a 503 is retried), those in
+    flight finish within MT_SHUTDOWN_GRACE_SECONDS (5 s here)."""
+    victim = scaled.translators()[-1]
+    with Load(scaled.balancer) as load:
+        time.sleep(2)
+        stopping = time.monotonic()
+        stopped = run(["docker", "stop", "--time", "15", victim], timeout=60)
+        assert stopped.returncode == 0, stopped.stderr
+        assert time.monotonic() - stopping < 12, "the replica took longer to drain than its grace allows"
+        time.sleep(2)
+        started = run(["docker", "start", victim])
+        assert started.returncode == 0, started.stderr
+        poll(lambda: active_servers(scaled) == 2, 180, "the restarted replica was not back in rotation")
+        time.sleep(2)
+    failed = Counter(status for _, status, _ in load.answers if status != 200)
+    assert not failed, f"{sum(failed.values())} of {len(load.answers)} requests failed around the stop: {failed}"
+    assert len(load.since(stopping)) > 20, "too little load to tell"
+
+
+@pytest.mark.timeout(1500)
 def test_the_dashboard_queries_only_metrics_the_balancer_exports(scaled: Scaled) -> None:
     used = {name for query in dashboard_queries() for name in HAPROXY_METRIC.findall(query)}
     assert "haproxy_backend_active_servers" in used, sorted(used)
