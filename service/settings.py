@@ -26,7 +26,7 @@ A_DAY = 86_400.0  # the longest timeout taken: beyond it time arithmetic overflo
 # docker-compose.yml's own variables, which the compose file reads and the server never sees
 COMPOSE_VARIABLES = frozenset(
     ["MT_PORT", "MT_BIND_ADDRESS", "MT_CPUS", "MT_MEMORY", "MT_IMAGE", "MT_IMAGE_CUDA", "MT_STOP_GRACE_PERIOD"]
-)
+) | {"MT_REPLICAS"}  # docker-compose.scale.yml's
 
 
 def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
