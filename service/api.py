@@ -752,6 +752,10 @@ def _add_routes(app: FastAPI, state: State) -> None:
     async def languages() -> list[dict[str, object]]:
         return state.registry.languages()
 
+    @app.get("/frontend/settings", summary="What a LibreTranslate front-end needs to know (LibreTranslate's format)")
+    async def frontend_settings() -> dict[str, object]:
+        return frontend_settings_of(state.registry.languages(), settings)
+
     @app.get(
         "/v1/models",
         summary="Loaded models and their manifest data",
@@ -797,6 +801,28 @@ def _add_routes(app: FastAPI, state: State) -> None:
 
     for route in [r for r in app.routes if isinstance(r, APIRoute) and "GET" in r.methods]:  # uptime probes' HEAD
         app.add_api_route(route.path, route.endpoint, methods=["HEAD"], include_in_schema=False)
+
+
+def frontend_settings_of(languages: list[dict[str, object]], settings: Settings) -> dict[str, object]:
+    """LibreTranslate's GET /frontend/settings: its character limit, timeout and key requirement, no suggestions and
+    no file translation (not offered yet), and the default pair: the first language with targets and its first
+    target."""
+    source = next((lang for lang in languages if lang["targets"]), languages[0])
+    targets = source["targets"]
+    target = next((lang for lang in languages if targets and lang["code"] == targets[0]), source)  # type: ignore[index]
+    return {
+        "charLimit": settings.max_request_chars,
+        "frontendTimeout": int(settings.request_timeout_seconds * 1000),  # milliseconds
+        "apiKeys": bool(settings.api_keys),
+        "keyRequired": bool(settings.api_keys),
+        "suggestions": False,
+        "filesTranslation": False,
+        "supportedFilesFormat": [],
+        "language": {
+            "source": {"code": source["code"], "name": source["name"]},
+            "target": {"code": target["code"], "name": target["name"]},
+        },
+    }
 
 
 def model_card(translator: Translator, settings: Settings) -> dict[str, object]:

@@ -565,3 +565,24 @@ def test_a_request_whose_inline_tags_make_too_many_sentences_says_so(model_dir: 
             "the request has 5 sentences, 4 of them in attribute values (alt, title, ...; MT_HTML_ATTRIBUTES=false: "
             "none); the limit is 4"
         )
+
+
+def test_frontend_settings_answer_in_libretranslates_shape(model_dir: Path) -> None:
+    """GET /frontend/settings as LibreTranslate's front-ends read it: the limits come from the settings, a key is
+    required when MT_API_KEYS is set, no file translation is offered, and the default pair is one the server has."""
+    with TestClient(create_app(settings_for(model_dir, max_request_chars=1234, request_timeout_seconds=2.5))) as c:
+        answer = c.get("/frontend/settings")
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "charLimit": 1234,
+        "frontendTimeout": 2500,
+        "apiKeys": False,
+        "keyRequired": False,
+        "suggestions": False,
+        "filesTranslation": False,
+        "supportedFilesFormat": [],
+        "language": {"source": {"code": "en", "name": "English"}, "target": {"code": "fr", "name": "French"}},
+    }
+    with TestClient(create_app(settings_for(model_dir, api_keys=["k1"]))) as c:
+        keyed = c.get("/frontend/settings").json()
+    assert keyed["apiKeys"] and keyed["keyRequired"]  # and the route itself needs none, as LibreTranslate's
