@@ -34,7 +34,7 @@ RUN touch README.md && pip install . && pip uninstall -y transformer-mt-server p
 # root is read-only, and PYTHONDONTWRITEBYTECODE is set: uncompiled, every start would compile it again).
 # Nothing here writes to the venv, so a change to the code leaves its layer as it was
 COPY service ./service
-RUN PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/src python -c "import service.api, onnxruntime, sentencepiece" \
+RUN PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/src python -c "import service.api.app, onnxruntime, sentencepiece" \
  && if python -c "import torch" 2>/dev/null; then echo "torch must not be in the server image" >&2; exit 1; fi \
  && python -m compileall -q --invalidation-mode unchecked-hash service
 
@@ -63,7 +63,7 @@ RUN pip install . \
  && ort_version="$(python -c 'import importlib.metadata as m; print(m.version("onnxruntime"))')" \
  && pip uninstall -y onnxruntime \
  && pip install "onnxruntime-gpu==${ort_version}" \
- && python -c "import service.api, onnxruntime" \
+ && python -c "import service.api.app, onnxruntime" \
  && if python -c "import torch" 2>/dev/null; then echo "torch must not be in the server image" >&2; exit 1; fi \
  && pip uninstall -y pip setuptools
 

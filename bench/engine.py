@@ -84,11 +84,11 @@ class Ours:
         self, folder: Path, variant: str, device: str = "cpu", streams: int = 1, threads: int = THREADS,
         invariant: bool = True,
     ) -> None:
-        from service.engine import TokenRules
-        from service.model_folder import load_model_folder
-        from service.runtime import OnnxRuntime, SessionSettings
+        from service.engine.batches import TokenRules
+        from service.engine.runtime import OnnxRuntime, SessionSettings
+        from service.model.folder import load_model_folder
         from service.settings import Settings
-        from service.translator import step_graph_options
+        from service.translation.translator import step_graph_options
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
@@ -106,8 +106,8 @@ class Ours:
         self.streams = streams
 
     def translate(self, sources: list[list[int]], beam: int, batch: int, forced: int | None) -> list[list[int]]:
-        from service.decoding import SearchOptions
-        from service.engine import decode_batches
+        from service.engine.batches import decode_batches
+        from service.engine.decoding import SearchOptions
 
         # no scores, as CTranslate2's translate_batch by default (its greedy search then skips the log-softmax too)
         options = SearchOptions(beam, forced or 256, min_new_tokens=forced or 0, scored=False)
@@ -611,8 +611,8 @@ def real_text(engines: list[Engine], corpus: Path, rounds: int, alone: int | Non
     then its first `alone` sentences (default all; 0: none) one at a time (`alone_latencies`)."""
     import sacrebleu
 
-    from service.model_folder import load_model_folder
-    from service.tokenizer import Tokenizer
+    from service.model.folder import load_model_folder
+    from service.model.tokenizer import Tokenizer
 
     folder = load_model_folder(ROOT / "models" / "en-fr", verify_checksums=False)
     tokenizer, eos = Tokenizer.from_folder(folder), folder.manifest.special_ids.eos

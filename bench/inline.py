@@ -1,4 +1,4 @@
-"""Inline HTML tags: what translating a sentence whole through its tags (service/text.py, Tagged) gives against
+"""Inline HTML tags: what translating a sentence whole through its tags (service/text/document.py, Tagged) gives against
 translating the text between its tags piece by piece, as every tag did before, on the test set.
 
 Each of the test set's first N sentences of at least 4 words gets an element (drawn with a fixed seed): with
@@ -34,12 +34,12 @@ from pathlib import Path
 import sacrebleu
 
 from bench.machine import describe, headline
-from service import text
 from service.arguments import description_of, positive_int
-from service.glossary import Glossary
 from service.metrics import Metrics
 from service.settings import Settings
-from service.translator import TranslateOptions, Translator, load_translators
+from service.text import document as text
+from service.text.glossary import Glossary
+from service.translation.translator import TranslateOptions, Translator, load_translators
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = re.compile(r"</?b>")

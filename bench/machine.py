@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from service.arguments import description_of
-from service.cpu import cpu_fields
+from service.engine.cpu import cpu_fields
 from service.settings import available_cores
 
 # The instruction sets the int8 and float kernels of ONNX Runtime and CTranslate2 choose between, as /proc/cpuinfo

@@ -1,5 +1,5 @@
 """Names written with letters the model's training sources hardly held ("Søren", "Dvořák", "Łódź"): what giving
-each such word to the model as a placeholder (the manifest's `tokenizer.rare_letters`, service/placeholders.py)
+each such word to the model as a placeholder (the manifest's `tokenizer.rare_letters`, service/text/placeholders.py)
 gives against letting the model read it, on the test set.
 
 The sentences are those of the test and dev sets with a capitalised word, not the first, that the reference
@@ -33,10 +33,10 @@ import sacrebleu
 from bench.inline import translate
 from bench.machine import describe, headline
 from service.arguments import description_of, positive_int
-from service.glossary import Glossary
 from service.metrics import Metrics
 from service.settings import Settings
-from service.translator import Translator, load_translators
+from service.text.glossary import Glossary
+from service.translation.translator import Translator, load_translators
 
 ROOT = Path(__file__).resolve().parent.parent
 # names of people, places and products, each with a letter beyond ASCII, from a dozen languages

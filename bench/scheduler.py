@@ -36,15 +36,15 @@ from bench.processes import peak_rss_mb, thread_cpu_seconds
 from bench.server import batch_figures, metric_totals
 from bench.server import sentences as test_sentences
 from service.arguments import description_of, positive_float, positive_int
-from service.decoding import SearchOptions
-from service.engine_process import EngineProcess
-from service.kv_cache import DecoderCache
+from service.engine.decoding import SearchOptions
+from service.engine.kv_cache import DecoderCache
+from service.engine.runtime import OnnxRuntime, StepBinding
 from service.metrics import Metrics
-from service.model_folder import load_model_folder
-from service.runtime import OnnxRuntime, StepBinding
-from service.scheduler import Scheduler, SentenceJob, Streams, Ticket
+from service.model.folder import load_model_folder
+from service.scheduling.engine_process import EngineProcess
+from service.scheduling.scheduler import Scheduler, SentenceJob, Streams, Ticket
 from service.settings import Settings
-from service.translator import TranslateOptions, Translator, decoder_streams, open_runtime
+from service.translation.translator import TranslateOptions, Translator, decoder_streams, open_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 

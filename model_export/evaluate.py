@@ -17,12 +17,12 @@ from tqdm import tqdm
 from model_export.corpus import read_lines
 from model_export.corpus.clean import placeholders
 from model_export.errors import ExportError
-from service.decoding import SearchOptions, output_cap
-from service.engine import TokenRules, decode_batches
-from service.model_folder import load_model_folder
-from service.runtime import OnnxRuntime, SessionSettings
+from service.engine.batches import TokenRules, decode_batches
+from service.engine.decoding import SearchOptions, output_cap
+from service.engine.runtime import OnnxRuntime, SessionSettings
+from service.model.folder import load_model_folder
+from service.model.tokenizer import Tokenizer
 from service.settings import Settings
-from service.tokenizer import Tokenizer
 
 # Each sentence's output cap: the server's at its defaults (not the MT_* environment: an evaluation, and the engine
 # bench.server measures beside the server, are the folder's own)

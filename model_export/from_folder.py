@@ -23,7 +23,7 @@ from model_export.config import ConfigError, TransformerConfig
 from model_export.errors import ExportError
 from model_export.model import Transformer
 from service.errors import ModelFolderError
-from service.model_folder import FORMAT_VERSION, MANIFEST, OLDEST_FORMAT_VERSION, load_model_folder
+from service.model.folder import FORMAT_VERSION, MANIFEST, OLDEST_FORMAT_VERSION, load_model_folder
 
 VARIANT = "fp32"  # the only variant whose graphs hold the weights as trained (int8 and fp16 have lost precision)
 EXPORT_FIELDS = ("exported_at", "exporter")  # the manifest's provenance of the export itself, not of the weights

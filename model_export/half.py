@@ -5,7 +5,7 @@ sum these log-probs over every step); the top-K picks its tokens from the float1
 It is meant for GPUs: ONNX Runtime's CUDA GroupQueryAttention takes float16 (not float32), so only here does
 self-attention run on the GPU, beside a cache in GPU memory (CuPy). On an H200 it ran 2.2x fp32's greedy throughput at
 batch 32 (docs/performance.md "GPU"). The server runs it on CUDA from format 7 on, whose step graph is given
-GroupQueryAttention's lengths (service.runtime.gpu_array_module). On a CPU it runs (the tests check it), slower than
+GroupQueryAttention's lengths (engine.runtime.gpu_array_module). On a CPU it runs (the tests check it), slower than
 int8.
 
 The conversion is ours, not onnxruntime.transformers' float16 converter: our graphs are small and known (every

@@ -6,7 +6,7 @@ The variant also gets the step graph for one row (format 6, `decoder_step_single
 MatMulNBits nodes over 8-bit weights (or 4-bit: SINGLE_ROW_BLOCKS) quantized in blocks along K, whose one-row
 kernel reads them faster than DynamicQuantizeMatMul's (a greedy step at batch 1: the default model's graph 233 ->
 179 us at 8 bits, the paper-size model's 4.7 -> 3.0 ms); from a few rows up it is slower, so the server runs it
-for one row, or up to four on a decoder whose weights stream from memory (service/translator.py, single_row_rows).
+for one row, or up to four on a decoder whose weights stream from memory (translation/translator.py, single_row_rows).
 And the step graph for static batches (format 10, `decoder_step_dense`): the int8 step graph with its
 self-attention over the whole time axis of a cache as long as its rows (to_dense_self_attention), which the
 runtime opens beside the step graph, for steps of 8 rows or more, where every batch runs to completion (the static
@@ -26,7 +26,7 @@ from model_export import graph_io
 from model_export.export import add_variant, fp32_copy, variant_files, variant_graphs
 
 # With shared embeddings both int8 graphs quantize the same table the same way: it is written once, as ONNX
-# external data of both, and the server keeps one copy in memory (service.runtime.shared_initializers).
+# external data of both, and the server keeps one copy in memory (service.engine.runtime.shared_initializers).
 EMBEDDING_TABLES = {
     "encoder": "src_embed.lut_quantized",
     "decoder_step": "tgt_embed.lut_quantized",
@@ -297,7 +297,7 @@ def to_dense_self_attention(model: onnx.ModelProto) -> int:
     time axis, the slots past each row's own masked (format 10, `decoder_step_dense`). The same inputs, outputs and
     results; bound in place (present_key_i on self_key_i's memory), the ScatterND copies nothing (ONNX Runtime's
     kernel copies its input only into other memory). For static batches, whose rows all have the same length and
-    whose cache's time axis is the rows' own (a dense cache: service/kv_cache.py): ONNX Runtime's CPU
+    whose cache's time axis is the rows' own (a dense cache: service/engine/kv_cache.py): ONNX Runtime's CPU
     GroupQueryAttention spends ~2.4 us on each (row, head) of 29 cached steps, its MultiHeadAttention half that (the
     paper-size model at 16 rows: 298 against 171 us a layer, at 64 rows 1,303 against 683). Over a reserved or
     ragged time axis it would read every slot: the server's continuous batches keep GroupQueryAttention. Returns how
@@ -403,7 +403,7 @@ def add_int8_variant(
     # so the variant is batch-invariant when the fp32 variant is (an fp32 variant from before format 12 is not)
     variant["batch_invariant"] = bool(variant.get("batch_invariant")) and activation_scales == "per-row"
     variant["activation_scales"] = activation_scales
-    variant["weight_bits"] = WEIGHT_BITS  # format 11: a server on a CPU without VNNI warns of 8 (service/translator.py)
+    variant["weight_bits"] = WEIGHT_BITS  # a server on a CPU without VNNI warns of 8
     manifest["format_version"] = max(manifest["format_version"], graph_io.FORMAT_VERSION)  # a reader of format 6 on
     shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one
     variant["shared_initializers"] = shared

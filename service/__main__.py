@@ -20,12 +20,12 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.api import RequestIdFilter, State, create_app
+from service.api.app import RequestIdFilter, State, create_app
 from service.arguments import port
 from service.errors import ServiceError, os_error_line
 from service.metrics import Metrics
 from service.settings import load_settings, warn_unknown_variables
-from service.translator import load_translators
+from service.translation.translator import load_translators
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"
 

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.errors import SettingsError
-from service.placement import CLAIMS, allowed_cores
+from service.scheduling.placement import CLAIMS, allowed_cores
 
 SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "models"
 PREFIX = "MT_"
@@ -206,12 +206,12 @@ class Settings(BaseSettings):
     mask_symbols: bool = Field(
         True,
         description="inside a sentence, each run of symbols (emoji, €, °) or of characters the model's vocabulary "
-        "lacks goes to the model as a placeholder %1, %2, ..., put back in its translation (service/placeholders.py)",
+        "lacks goes to the model as a placeholder %1, %2, ..., put back in its translation (text/placeholders.py)",
     )
     html_attributes: bool = Field(
         True,
         description="in HTML, translate the values of attributes people read (alt, title, placeholder, aria-label, "
-        "a button's value, a meta description: service/text.py ATTRIBUTES) besides the text between tags, and a "
+        "a button's value, a meta description: text/document.py ATTRIBUTES) besides the text between tags, and a "
         "lang attribute of the source language says the target's (and the page's dir its direction)",
     )
     max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413)")

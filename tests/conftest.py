@@ -10,7 +10,7 @@ import pytest
 from model_export.checkpoint import Checkpoint
 from model_export.export import export_folder
 from model_export.quantize import add_int8_variant
-from service import kv_cache
+from service.engine.batches import kv_cache
 from tests.factories import tiny_checkpoint, train_sentencepiece, write_checkpoint
 
 
@@ -46,7 +46,7 @@ def quantized(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(autouse=True)
 def unwritten_cache_slots_hold_nan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A grown self-attention buffer is not zeroed (service/kv_cache.py `resized`): whatever its memory held
+    """A grown self-attention buffer is not zeroed (service/engine/kv_cache.py `resized`): whatever its memory held
     stays, often zeros. Every test sees NaN there instead, so that no result, and no test, leans on them."""
     original = kv_cache.resized
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from service.kv_cache import DecoderCache
-from service.runtime import DEFAULT_CANDIDATES, Memory, StepOutput
+from service.engine.kv_cache import DecoderCache
+from service.engine.runtime import DEFAULT_CANDIDATES, Memory, StepOutput
 
 VOCAB, PAD, START, EOS = 12, 0, 1, 2
 TOP_K = 10

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import create_app
+from service.api.app import create_app
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

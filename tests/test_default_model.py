@@ -8,8 +8,8 @@ from fastapi.testclient import TestClient
 
 from model_export import graph_io
 from model_export.card import variant_bytes
-from service.api import create_app
-from service.model_folder import load_model_folder
+from service.api.app import create_app
+from service.model.folder import load_model_folder
 from service.settings import SHIPPED_MODELS, Settings
 from tests.factories import DYNAMIC_INT8_GRAPHS, product_weights
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench import inline
-from service import text
+from service.text import document as text
 
 SOURCES = "Open the file now.\nSave the document as a copy.\nThe printer is not responding today.\nHi.\n"
 REFERENCES = "Ouvrir le fichier.\nEnregistrer le document.\nL'imprimante ne répond pas.\nSalut.\n"

@@ -14,7 +14,7 @@ from model_export.__main__ import EXIT_BAD_INPUT, main
 from model_export.corpus.build import Harvest, stats_of
 from model_export.corpus.pins import Pin
 from model_export.corpus.split import Pair
-from service.model_folder import sha256_of
+from service.model.folder import sha256_of
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

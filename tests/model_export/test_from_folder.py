@@ -19,8 +19,8 @@ from model_export.__main__ import EXIT_BAD_INPUT, main
 from model_export.export import export_folder, file_entries, write_manifest
 from model_export.from_folder import checkpoint_from_folder
 from model_export.verify import random_sources, teacher_forced_diff, verify_folder
-from service.model_folder import MANIFEST, load_model_folder
-from service.runtime import OnnxRuntime
+from service.engine.runtime import OnnxRuntime
+from service.model.folder import MANIFEST, load_model_folder
 from tests.factories import tiny_checkpoint
 
 # tiny_checkpoint's own defaults: post-norm, relu, shared embeddings, untied output with a logits bias, attention

@@ -12,9 +12,9 @@ import pytest
 from model_export.__main__ import main
 from model_export.half import add_fp16_variant
 from model_export.verify import same_decodings, teacher_forced_diff
+from service.engine.runtime import OnnxRuntime
 from service.errors import ModelFolderError
-from service.model_folder import load_model_folder
-from service.runtime import OnnxRuntime
+from service.model.folder import load_model_folder
 
 FP16_TOLERANCE = 2e-2  # |log p| against float32 PyTorch: float16 keeps ~3 significant digits per activation
 

@@ -11,8 +11,8 @@ import sentencepiece as spm
 
 from model_export.__main__ import EXIT_BAD_INPUT, main
 from model_export.corpus.tokenizer import RARE_FEWER_THAN, rare_letters
-from service.model_folder import FORMAT_VERSION, MANIFEST, load_model_folder
-from service.tokenizer import Tokenizer
+from service.model.folder import FORMAT_VERSION, MANIFEST, load_model_folder
+from service.model.tokenizer import Tokenizer
 
 
 class Pieces:

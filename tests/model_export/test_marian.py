@@ -19,12 +19,12 @@ from model_export import marian, reference
 from model_export.__main__ import EXIT_BAD_INPUT, main
 from model_export.errors import ExportError
 from model_export.export import export_folder
-from service.api import create_app
-from service.decoding import SearchOptions
-from service.engine import TokenRules, decode_batch
-from service.kv_cache import DecoderCache
-from service.model_folder import load_model_folder
-from service.runtime import OnnxRuntime, SessionSettings
+from service.api.app import create_app
+from service.engine.batches import TokenRules, decode_batch
+from service.engine.decoding import SearchOptions
+from service.engine.kv_cache import DecoderCache
+from service.engine.runtime import OnnxRuntime, SessionSettings
+from service.model.folder import load_model_folder
 from service.settings import Settings
 from tests.factories import tiny_checkpoint, train_sentencepiece, write_checkpoint
 
@@ -246,7 +246,7 @@ def hf_translate(model: transformers.MarianMTModel, tokenizer: transformers.Mari
 
 def served(texts: list[str]) -> list[str]:
     """MarianTokenizer strips the text it decodes; our detokenizer keeps the spaces of leading or trailing
-    word-start pieces (deviation reported, not fixed here: service/tokenizer.py)."""
+    word-start pieces (deviation reported, not fixed here: service/model/tokenizer.py)."""
     return [text.strip() for text in texts]
 
 

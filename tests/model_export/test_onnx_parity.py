@@ -14,9 +14,9 @@ from model_export.export import export_folder
 from model_export.graph_io import TensorSpec
 from model_export.onnx_graphs import GraphBuilder, _top_k, vocabulary_chunks
 from model_export.verify import random_sources, same_decodings, teacher_forced_diff
-from service.kv_cache import DecoderCache
-from service.model_folder import load_model_folder
-from service.runtime import OnnxRuntime
+from service.engine.kv_cache import DecoderCache
+from service.engine.runtime import OnnxRuntime
+from service.model.folder import load_model_folder
 from tests.factories import tiny_checkpoint
 
 CONFIGS = {

@@ -14,14 +14,14 @@ from onnx import numpy_helper
 from model_export.evaluate import StaticBatches, evaluate, same_placeholders, translate_all
 from model_export.export import export_folder
 from model_export.quantize import add_int8_variant, blockwise
-from service.api import create_app
-from service.decoding import SearchOptions, output_cap
-from service.engine import TokenRules, decode_batch
+from service.api.app import create_app
+from service.engine.batches import TokenRules, decode_batch
+from service.engine.decoding import SearchOptions, output_cap
+from service.engine.runtime import CPU_DISABLED_FUSIONS, OnnxRuntime
 from service.errors import ModelFolderError
-from service.model_folder import load_model_folder
-from service.runtime import CPU_DISABLED_FUSIONS, OnnxRuntime
+from service.model.folder import load_model_folder
+from service.model.tokenizer import Tokenizer
 from service.settings import Settings
-from service.tokenizer import Tokenizer
 from tests.factories import DYNAMIC_INT8_GRAPHS, SENTENCES, product_weights, tiny_checkpoint
 
 

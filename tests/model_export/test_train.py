@@ -9,7 +9,7 @@ import torch
 from model_export import checkpoint
 from model_export.export import export_folder
 from model_export.train import TrainOptions, learning_rate, make_batches, train
-from service.model_folder import load_model_folder
+from service.model.folder import load_model_folder
 from tests.factories import SENTENCES, train_sentencepiece
 
 

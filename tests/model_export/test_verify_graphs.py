@@ -19,7 +19,7 @@ from model_export.errors import ExportError
 from model_export.export import file_entries, write_manifest
 from model_export.verify import verify_folder
 from service.errors import ModelFolderError
-from service.model_folder import MANIFEST
+from service.model.folder import MANIFEST
 from tests.factories import tiny_checkpoint, train_sentencepiece
 
 

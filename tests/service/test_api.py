@@ -14,14 +14,14 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-import service.translator
-from service.api import create_app
-from service.decoding import SearchOptions
-from service.engine import TokenRules, decode_batch
-from service.model_folder import load_model_folder
-from service.runtime import OnnxRuntime
+import service.translation.translator
+from service.api.app import create_app
+from service.engine.batches import TokenRules, decode_batch
+from service.engine.decoding import SearchOptions
+from service.engine.runtime import OnnxRuntime
+from service.model.folder import load_model_folder
+from service.model.tokenizer import Tokenizer
 from service.settings import Settings
-from service.tokenizer import Tokenizer
 
 
 def settings_for(model_dir: Path, **changes: object) -> Settings:
@@ -479,7 +479,7 @@ def test_short_text_is_prepared_on_the_event_loop_and_long_text_in_a_thread() ->
     import asyncio
     import threading
 
-    from service.translator import off_loop
+    from service.translation.translator import off_loop
 
     async def where(inline: bool) -> int:
         return await off_loop(inline, threading.get_ident)
@@ -507,9 +507,9 @@ def test_an_int8_folder_of_8_bit_weights_on_a_cpu_without_vnni_is_flagged_at_loa
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["variants"]["int8"]["weight_bits"] = weight_bits  # (None: as a format 10 folder's, which has none)
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr(service.translator, "this_cpu_has_int8_dot_products", lambda: dot_products)
+    monkeypatch.setattr(service.translation.translator, "this_cpu_has_int8_dot_products", lambda: dot_products)
     settings = settings_for(folder, variant="int8", engine_process=False)
-    with caplog.at_level("WARNING", logger="service.translator"), TestClient(create_app(settings)) as c:
+    with caplog.at_level("WARNING", logger="service.translation.translator"), TestClient(create_app(settings)) as c:
         model = c.get("/v1/models").json()["models"][0]
         assert c.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
     assert model["variant"] == "int8" and model["weight_bits"] == weight_bits

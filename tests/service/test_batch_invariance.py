@@ -20,15 +20,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model_export.export import export_folder
 from model_export.quantize import add_int8_variant
-from service.decoding import Hypothesis, SearchOptions
-from service.engine import TokenRules, decode_batch
+from service.engine.batches import TokenRules, decode_batch
+from service.engine.decoding import Hypothesis, SearchOptions
+from service.engine.runtime import OnnxRuntime
 from service.metrics import Metrics
-from service.model_folder import ModelFolder, load_model_folder
-from service.runtime import OnnxRuntime
-from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+from service.model.folder import ModelFolder, load_model_folder
+from service.model.tokenizer import Tokenizer
+from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
 from service.settings import Settings
-from service.tokenizer import Tokenizer
-from service.translator import open_runtime
+from service.translation.translator import open_runtime
 from tests.factories import tiny_checkpoint
 from tests.service.test_e2e import running_server
 
@@ -139,7 +139,7 @@ def test_a_folder_from_before_batch_invariant_graphs_is_refused_with_the_command
     import json
 
     from service.errors import ModelFolderError
-    from service.translator import check_batch_invariant
+    from service.translation.translator import check_batch_invariant
 
     folder_path = Path(shutil.copytree(quantized, tmp_path / "old"))
     manifest = json.loads((folder_path / "manifest.json").read_text())

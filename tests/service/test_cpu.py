@@ -1,12 +1,12 @@
-"""What the CPU offers the int8 kernels (service/cpu.py), read from /proc/cpuinfo texts of the CPUs this project's
+"""What the CPU offers the int8 kernels (engine/cpu.py), read from /proc/cpuinfo texts of the CPUs this project's
 figures were measured on and of others."""
 
 from pathlib import Path
 
 import pytest
 
-import service.cpu
-from service.cpu import cpu_fields, int8_dot_products, this_cpu_has_int8_dot_products
+import service.engine.cpu
+from service.engine.cpu import cpu_fields, int8_dot_products, this_cpu_has_int8_dot_products
 
 
 def x86(flags: str) -> str:
@@ -35,10 +35,10 @@ def test_only_the_first_processors_flags_count() -> None:
 
 def test_an_unreadable_cpuinfo_counts_as_having_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     this_cpu_has_int8_dot_products.cache_clear()
-    monkeypatch.setattr(service.cpu, "CPUINFO", tmp_path / "missing")
+    monkeypatch.setattr(service.engine.cpu, "CPUINFO", tmp_path / "missing")
     assert this_cpu_has_int8_dot_products() is True
     this_cpu_has_int8_dot_products.cache_clear()
-    monkeypatch.setattr(service.cpu, "CPUINFO", tmp_path / "cpuinfo")
+    monkeypatch.setattr(service.engine.cpu, "CPUINFO", tmp_path / "cpuinfo")
     (tmp_path / "cpuinfo").write_text(x86("avx2"))
     assert this_cpu_has_int8_dot_products() is False
     this_cpu_has_int8_dot_products.cache_clear()  # the next caller reads this machine's own

@@ -5,8 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from service.decoding import BeamSearch, GreedySearch, SearchOptions, candidates, new_search, stay_in_parent_rows
-from service.engine import (
+from service.engine.batches import (
     TokenRules,
     advance_all,
     advance_each,
@@ -18,6 +17,7 @@ from service.engine import (
     longest_first,
     place,
 )
+from service.engine.decoding import BeamSearch, GreedySearch, SearchOptions, candidates, new_search, stay_in_parent_rows
 from tests.fakes import EOS as FAKE_EOS
 from tests.fakes import PAD as FAKE_PAD
 from tests.fakes import START as FAKE_START

@@ -23,9 +23,11 @@ from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
 from bench.processes import children
-from service.api import create_app
-from service.decoding import Hypothesis, SearchOptions
-from service.engine_process import (
+from service.api.app import create_app
+from service.engine.decoding import Hypothesis, SearchOptions
+from service.errors import DeadlineExceeded, InferenceError, ModelFolderError, Overloaded
+from service.metrics import Metrics
+from service.scheduling.engine_process import (
     EngineProcess,
     MetricsRecorder,
     MetricsReplay,
@@ -36,10 +38,8 @@ from service.engine_process import (
     options_wire,
     rebuilt_error,
 )
-from service.errors import DeadlineExceeded, InferenceError, ModelFolderError, Overloaded
-from service.metrics import Metrics
-from service.scheduler import SentenceJob, Ticket
-from service.translator import TranslateOptions, Translator, load_translators
+from service.scheduling.scheduler import SentenceJob, Ticket
+from service.translation.translator import TranslateOptions, Translator, load_translators
 from tests.service.test_api import settings_for
 from tests.service.test_e2e import free_port, metric, start_server, wait_ready
 
@@ -308,7 +308,7 @@ def test_the_real_server_drains_and_exits_1_when_its_engine_dies(model_dir: Path
 
 def test_the_server_process_does_not_load_onnx_runtime() -> None:
     """With engine processes, the server's own process holds HTTP, text and tokens only."""
-    code = "import sys, service.__main__, service.api; sys.exit('onnxruntime' in sys.modules)"
+    code = "import sys, service.__main__, service.api.app; sys.exit('onnxruntime' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -25,7 +25,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from service.api import create_app
+from service.api.app import create_app
 from service.settings import Settings
 from tests.service.test_api import settings_for
 

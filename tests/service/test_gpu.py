@@ -3,7 +3,7 @@ Skipped where there is no CUDA build of ONNX Runtime, no GPU or no CuPy: CI has 
 (onnxruntime-gpu 1.31.1 without its kernels for other GPUs, docs/performance.md "GPU"), at format 7: all passed but two
 teacher-forced comparisons at head size 64, over the tolerances of then (fp16 0.024 > 0.02, fp32 0.018 > 0.01; now
 ON_CUDA_TOLERANCE, not yet rerun on a GPU). Before, two faults made every CUDA translation wrong, which these tests
-now catch: inputs bound from host memory are copied to the GPU when bound, not at each run (service/runtime.py,
+now catch: inputs bound from host memory are copied to the GPU when bound, not at each run (service/engine/runtime.py,
 step), and a step graph that computed GroupQueryAttention's lengths itself (format 6 and older) wrote every row at
 slot 0 on CUDA, as for a prompt's first step."""
 
@@ -18,8 +18,8 @@ from model_export.checkpoint import Checkpoint
 from model_export.export import export_folder
 from model_export.half import add_fp16_variant
 from model_export.verify import same_decodings, teacher_forced_diff
-from service.model_folder import load_model_folder
-from service.runtime import OnnxRuntime, SessionSettings
+from service.engine.runtime import OnnxRuntime, SessionSettings
+from service.model.folder import load_model_folder
 from tests.factories import tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(
@@ -93,10 +93,10 @@ def test_continuous_batching_on_the_gpu_cache_gives_each_sentence_its_solo_resul
 ) -> None:
     """Sentences join a running batch every iteration (greedy and beam mixed), so rows join, follow their beams
     and leave the CuPy buffers in place; each sentence's tokens are those it gets decoded alone."""
-    from service.decoding import SearchOptions
-    from service.engine import TokenRules, decode_batch
+    from service.engine.batches import TokenRules, decode_batch
+    from service.engine.decoding import SearchOptions
     from service.metrics import Metrics
-    from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+    from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
 
     folder = load_model_folder(halved[1])
     runtime = OnnxRuntime(folder, "fp16", CUDA)

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service import kv_cache
-from service.kv_cache import MIN_CAPACITY, DecoderCache, fitted_capacity, group_rows, resized
+from service.engine.batches import kv_cache
+from service.engine.kv_cache import MIN_CAPACITY, DecoderCache, fitted_capacity, group_rows, resized
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -408,7 +408,7 @@ def test_beams_following_parents_in_their_sentences_end_as_the_general_path_does
     the general path does (FEW_ROWS 0) and as a gather of the rows would: the parents' written slots, the same
     lengths, sentences and groups, and the binding kept. A swap within a sentence (a row both read and written)
     takes the general path."""
-    from service.decoding import stay_in_parent_rows
+    from service.engine.decoding import stay_in_parent_rows
 
     rng = np.random.default_rng(seed)
     caches = [DecoderCache(n_layers=2, n_heads=3, head_dim=4) for _ in range(2)]
@@ -646,8 +646,8 @@ def test_a_reserved_cache_keeps_every_row_as_a_growing_one_does_through_joins_be
 REFUSED = """
 import logging, resource, sys
 import numpy as np
-from service import kv_cache
-from service.kv_cache import DecoderCache
+from service.engine.batches import kv_cache
+from service.engine.kv_cache import DecoderCache
 from tests.service.test_kv_cache import agree_through_random_ops
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")

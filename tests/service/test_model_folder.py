@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from service.engine.runtime import OnnxRuntime
 from service.errors import ModelFolderError
-from service.model_folder import FORMAT_VERSION, MANIFEST, load_model_folder
-from service.runtime import OnnxRuntime
+from service.model.folder import FORMAT_VERSION, MANIFEST, load_model_folder
 
 
 @pytest.fixture()

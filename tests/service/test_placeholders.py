@@ -13,15 +13,15 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from service import text
-from service.decoding import Hypothesis
-from service.glossary import Glossary
+from service.engine.decoding import Hypothesis
 from service.metrics import Metrics
-from service.model_folder import MANIFEST, load_model_folder
-from service.placeholders import Masked, Run, mask, protected
+from service.model.folder import MANIFEST, load_model_folder
+from service.model.tokenizer import Tokenizer
 from service.settings import Settings
-from service.tokenizer import Tokenizer
-from service.translator import TranslateOptions, Translator, load_translators
+from service.text import document as text
+from service.text.glossary import Glossary
+from service.text.placeholders import Masked, Run, mask, protected
+from service.translation.translator import TranslateOptions, Translator, load_translators
 
 FLAG = "🏴\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f"  # Scotland's: a black flag and tags
 

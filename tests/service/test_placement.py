@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.decoding import SearchOptions
-from service.engine import TokenRules
+from service.engine.batches import TokenRules
+from service.engine.decoding import SearchOptions
+from service.engine.runtime import Memory
 from service.metrics import Metrics
-from service.placement import Cores, allowed_cores, claim, plan, release, run_as_batch
-from service.runtime import Memory
-from service.scheduler import BatchLimits, SentenceJob, Ticket, new_scheduler
+from service.scheduling.placement import Cores, allowed_cores, claim, plan, release, run_as_batch
+from service.scheduling.scheduler import BatchLimits, SentenceJob, Ticket, new_scheduler
 from tests.fakes import EOS, PAD, START, FakeRuntime
 
 TWO = frozenset({0, 1})
@@ -147,7 +147,7 @@ def test_a_refused_pin_is_a_warning_and_the_stream_still_serves(caplog: pytest.L
     have broken the encoder pool)."""
     missing = max(allowed_cores()) + 1000
     cores = Cores((missing,), frozenset({missing}))
-    with caplog.at_level("WARNING", logger="service.placement"):
+    with caplog.at_level("WARNING", logger="service.scheduling.placement"):
         runtime = _run(1, cores)
     assert runtime.where["step"] == runtime.where["encode"] == {allowed_cores()}
     assert "could not pin a thread" in caplog.text

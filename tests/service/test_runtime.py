@@ -15,15 +15,11 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from service import kv_cache
-from service import runtime as runtime_module
-from service.decoding import SearchOptions
-from service.engine import TokenRules, decode_batch
-from service.errors import ModelFolderError
-from service.kv_cache import MIN_CAPACITY, DecoderCache
-from service.metrics import Metrics
-from service.model_folder import MANIFEST, load_model_folder, sha256_of
-from service.runtime import (
+from service.engine.batches import TokenRules, decode_batch, kv_cache
+from service.engine.batches import runtime as runtime_module
+from service.engine.decoding import SearchOptions
+from service.engine.kv_cache import MIN_CAPACITY, DecoderCache
+from service.engine.runtime import (
     DENSE_STEP_ROWS,
     OnnxRuntime,
     SessionSettings,
@@ -33,8 +29,11 @@ from service.runtime import (
     host_device,
     usable_providers,
 )
+from service.errors import ModelFolderError
+from service.metrics import Metrics
+from service.model.folder import MANIFEST, load_model_folder, sha256_of
 from service.settings import SHIPPED_MODELS, Settings, available_cores
-from service.translator import (
+from service.translation.translator import (
     SHARED_STEP_MACS,
     TranslateOptions,
     Translator,
@@ -68,7 +67,7 @@ def test_cpu_is_always_the_fallback() -> None:
 def test_cuda_requested_without_cuda_falls_back_to_cpu_with_a_warning(
     model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="service.runtime"):
+    with caplog.at_level(logging.WARNING, logger="service.engine.runtime"):
         runtime = OnnxRuntime(
             load_model_folder(model_dir), settings=SessionSettings(("CUDAExecutionProvider", "CPUExecutionProvider"))
         )
@@ -127,7 +126,7 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     assert decoder_macs_per_token(shipped) == 3 * (6 * 256**2 + 2 * 256 * 1024) + 256 * 8000  # 4.8 M
     paper = shipped.model_copy(update={"d_model": 512, "d_ff": 2048, "n_decoder_layers": 6, "tgt_vocab_size": 59514})
     assert decoder_macs_per_token(paper) > SHARED_STEP_MACS > decoder_macs_per_token(shipped)
-    monkeypatch.setattr("service.translator.available_cores", lambda: 6)
+    monkeypatch.setattr("service.translation.translator.available_cores", lambda: 6)
     assert intra_op_threads(shipped, fast()) == 1
     assert intra_op_threads(shipped, fast(intra_op_threads=3)) == 3  # an explicit count wins
     assert decoder_streams(paper, fast()) == 2 and decoder_streams(shipped, fast()) == 1
@@ -139,18 +138,18 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert decoder_streams(paper, fast(providers=["cuda", "cpu"])) == 2  # no CUDA here: laid out as on the CPU
     assert intra_op_threads(shipped, fast(decoder_streams=2)) == 1
-    monkeypatch.setattr("service.translator.available_cores", lambda: 1)
+    monkeypatch.setattr("service.translation.translator.available_cores", lambda: 1)
     assert decoder_streams(paper, fast()) == 1 and intra_op_threads(paper, fast()) == 1
-    monkeypatch.setattr("service.translator.available_cores", lambda: 6)
+    monkeypatch.setattr("service.translation.translator.available_cores", lambda: 6)
     monkeypatch.setenv("MT_MODELS_DIR", str(model_dir.parent))
     monkeypatch.setenv("MT_MODELS", model_dir.name)
     [translator] = load_translators(fast(engine_process=False), Metrics())  # the tiny test model
     assert translator.runtime.decoder.get_session_options().intra_op_num_threads == 1
     assert translator.runtime.ragged is not None  # a small decoder: its ragged step graph too
     translator.scheduler.stop()
-    monkeypatch.setattr("service.translator.this_cpu_has_int8_dot_products", lambda: True)  # VNNI, AMX, ARM
+    monkeypatch.setattr("service.translation.translator.this_cpu_has_int8_dot_products", lambda: True)  # VNNI, AMX, ARM
     assert single_row_rows(shipped) == 1 and single_row_rows(paper) == 4  # weights from memory: a few rows too
-    monkeypatch.setattr("service.translator.this_cpu_has_int8_dot_products", lambda: False)  # AVX2 alone
+    monkeypatch.setattr("service.translation.translator.this_cpu_has_int8_dot_products", lambda: False)  # AVX2 alone
     assert single_row_rows(shipped) == 1 and single_row_rows(paper) == 1  # MatMulNBits the slower from 2 rows
 
 
@@ -598,7 +597,7 @@ def test_the_start_up_line_names_the_step_graphs_the_engine_opens(
         assert step_graphs(folder, fast(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged", "one-row"]
     monkeypatch.setenv("MT_MODELS_DIR", str(quantized.parent))
     monkeypatch.setenv("MT_MODELS", quantized.name)
-    with caplog.at_level(logging.INFO, logger="service.translator"):
+    with caplog.at_level(logging.INFO, logger="service.translation.translator"):
         [translator] = load_translators(fast(engine_process=False, variant="int8", pin_cores=False), Metrics())
     translator.scheduler.stop()
     assert translator.runtime.single is not None
@@ -685,7 +684,7 @@ def test_a_beam_takes_the_one_row_graph_only_where_its_next_steps_would(quantize
 def test_the_warm_up_runs_the_one_row_graph_and_the_step_graph(quantized: Path, single_rows: int) -> None:
     """A server's warm-up translates through the encoder, the one-row graph (a greedy sentence: the default
     search) and the step graph (rows past what the one-row graph takes), whatever rows the one-row graph takes."""
-    from service.scheduler import BatchLimits, Scheduler
+    from service.scheduling.scheduler import BatchLimits, Scheduler
 
     folder = load_model_folder(quantized)
     runtime = OnnxRuntime(folder, "int8", SessionSettings(single_row_rows=single_rows))
@@ -709,7 +708,7 @@ def test_on_cuda_an_int8_default_gives_way_to_fp16_where_it_runs_else_fp32(
     """int8's products have no CUDA kernel: with CUDA asked for and present, a folder whose default is int8 runs
     fp16 if it can run on CUDA (format 7, CuPy), else fp32; MT_VARIANT, CPU runs and a build without CUDA keep it."""
     from model_export.half import add_fp16_variant
-    from service import translator
+    from service.translation import translator
 
     path = Path(shutil.copytree(quantized, tmp_path / "m"))
     add_fp16_variant(path)
@@ -744,7 +743,7 @@ def _scheduled(
 ) -> list[object]:
     """Each sentence's best tokens (or its error; `hypotheses`: its hypotheses, scores and all), the sentences
     joining a running continuous batch one per iteration."""
-    from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+    from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
 
     scheduler = Scheduler(runtime, rules, BatchLimits(), Metrics(), "t")
     tickets = []
@@ -841,7 +840,7 @@ def _passes_join_after_the_step(scheduler: Any) -> None:
 def _refilled(folder, variant: str, sources: list[list[int]], copies: bool) -> tuple[list[object], int, int]:
     """Greedy sentences joining a running continuous batch (overlapped encoder passes) while others finish: each
     one's best tokens, the steps, and the bindings made."""
-    from service.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+    from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
 
     ids = folder.manifest.special_ids
     runtime = PatientRuntime(folder, variant)
@@ -875,13 +874,13 @@ def test_newcomers_in_finished_rows_places_keep_the_binding_and_every_result(
     gets when the last rows move into those places and newcomers join at the end (the same rows at every step, in
     another order), with fewer bindings: a step after as many joined as finished keeps its binding. Where host
     inputs are copied when bound (CUDA, simulated here), the cache binds anew instead, and the results hold."""
-    import service.scheduler
+    import service.scheduling.scheduler
 
     # one encoder pass per bucket the worker admits, none early or merged: int8 quantizes a pass's activations with
     # one scale over its sentences (README, "How the server runs a model"), so the three runs compared here must
     # encode each sentence with the same others, which the encoder thread's timing would otherwise decide
-    monkeypatch.setattr(service.scheduler, "EARLY_QUEUE", 0)
-    monkeypatch.setattr(service.scheduler, "MERGED_PASS_SENTENCES", 1)
+    monkeypatch.setattr(service.scheduling.scheduler, "EARLY_QUEUE", 0)
+    monkeypatch.setattr(service.scheduling.scheduler, "MERGED_PASS_SENTENCES", 1)
     folder = load_model_folder(quantized)
     rng = np.random.default_rng(11)
     eos = folder.manifest.special_ids.eos

@@ -11,13 +11,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from service.decoding import SearchOptions
-from service.engine import TokenRules, decode_batch, place
+from service.engine.batches import TokenRules, decode_batch, place
+from service.engine.decoding import SearchOptions
+from service.engine.kv_cache import DecoderCache
+from service.engine.runtime import Memory
 from service.errors import DeadlineExceeded, InferenceError, Overloaded
-from service.kv_cache import DecoderCache
 from service.metrics import Metrics
-from service.runtime import Memory
-from service.scheduler import (
+from service.scheduling.scheduler import (
     EARLY_QUEUE,
     BatchLimits,
     EncoderThread,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from service import model_folder
 from service.__main__ import main
 from service.errors import ModelFolderError, SettingsError
 from service.metrics import Metrics
+from service.model import folder as model_folder
 from service.settings import COMPOSE_VARIABLES, Settings, load_settings, unknown_variables, warn_unknown_variables
-from service.translator import load_translators
+from service.translation.translator import load_translators
 from tests.service.test_e2e import free_port, start_server
 
 

@@ -9,7 +9,17 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service.errors import InvalidRequest, TooLarge
-from service.text import Document, Inline, Tagged, clean, limit_sentence, model_input, split, split_html, split_text
+from service.text.document import (
+    Document,
+    Inline,
+    Tagged,
+    clean,
+    limit_sentence,
+    model_input,
+    split,
+    split_html,
+    split_text,
+)
 
 FAST = settings(max_examples=150, deadline=None)
 

@@ -11,8 +11,8 @@ import pytest
 import sentencepiece as spm
 
 from service.errors import InvalidRequest, ModelFolderError
-from service.model_folder import MANIFEST, ModelFolder, load_model_folder, sha256_of
-from service.tokenizer import Tokenizer
+from service.model.folder import MANIFEST, ModelFolder, load_model_folder, sha256_of
+from service.model.tokenizer import Tokenizer
 from tests.factories import SENTENCES, train_sentencepiece
 
 PAD, DECODER_START, EOS, UNK = 0, 2, 3, 1  # the tiny model's special ids (tests/factories.py)

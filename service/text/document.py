@@ -118,7 +118,7 @@ def clean(text: str) -> str:
 def model_input(sentence: str, keep_flags: bool = False) -> str:
     """A sentence as the tokenizer gets it: Unicode NFC, without format characters (`_FORMAT`); line breaks (an
     HTML sentence may cross lines) as \\n, without the control characters among them (\\v \\f \\x1c-\\x1e \\x85).
-    `keep_flags`: a subdivision flag's tags stay with it, for placeholders (service/placeholders.py) to take whole."""
+    `keep_flags`: a subdivision flag's tags stay with it, for placeholders (text/placeholders.py) to take whole."""
     sentence = _BREAK_CONTROL.sub("", sentence.replace("\r\n", "\n").replace("\r", "\n"))
     kept = _flag_or_nothing if keep_flags else _black_flag_or_nothing
     return unicodedata.normalize("NFC", _FORMAT.sub(kept, sentence))

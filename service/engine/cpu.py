@@ -4,7 +4,7 @@ missing).
 An x86 CPU with VNNI (AVX-512 VNNI, AVX-VNNI) or AMX adds four 8-bit products into a 32-bit sum in one instruction;
 one without (AVX2 alone, or AVX-512 without VNNI) goes through 16-bit pairs (VPMADDUBSW), which is why the int8
 weights take 7 bits (model_export/quantize.py, REDUCED_RANGE), and there ONNX Runtime's MatMulNBits, the one-row
-step graph's products, is slower than DynamicQuantizeMatMul from two rows up (service/translator.py,
+step graph's products, is slower than DynamicQuantizeMatMul from two rows up (service/translation/translator.py,
 single_row_rows).
 """
 

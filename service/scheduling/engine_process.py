@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from service import errors
-from service.decoding import Hypothesis, SearchOptions
-from service.engine import TokenRules
+from service.engine.batches import TokenRules
+from service.engine.decoding import Hypothesis, SearchOptions
 from service.errors import InferenceError, ModelFolderError, Overloaded, ServiceError
 from service.metrics import Metrics
-from service.model_folder import load_model_folder
-from service.placement import Cores, pin_process, run_as_batch
-from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
+from service.model.folder import load_model_folder
+from service.scheduling.placement import Cores, pin_process, run_as_batch
+from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -504,7 +504,7 @@ class Engine:
     rules: TokenRules
     limits: BatchLimits
     model: str
-    cores: Cores | None = None  # where its streams and its other threads run (service/placement.py)
+    cores: Cores | None = None  # where its streams and its other threads run (service/scheduling/placement.py)
 
 
 def serve(engine: Engine, pipe: Connection) -> None:
@@ -527,7 +527,10 @@ def serve(engine: Engine, pipe: Connection) -> None:
 
 def _serve(engine: Engine, conn: Wire, outbox: _Outbox) -> None:
     """`serve`, its outbox open."""
-    from service.translator import decoder_streams, open_runtime  # the server process never opens sessions here
+    from service.translation.translator import (  # the server process never opens sessions here
+        decoder_streams,
+        open_runtime,
+    )
 
     try:
         loaded = load_model_folder(engine.folder, verify_checksums=False)  # the server checked the files

@@ -30,11 +30,11 @@ FORMAT = "transformer-mt-model"
 # letters the model's training sources held too seldom for it to read (`rare_letters`, optional); 10: a fourth step
 # graph, for static batches, whose self-attention reads the whole time axis of a cache as long as its rows
 # (`decoder_step_dense`, optional, int8 variants; model_export/quantize.py); 11: an int8 variant may say how many
-# bits its products' weights take (`weight_bits`: 7 from `quantize` since this format; none said: 8; service/cpu.py).
+# bits its products' weights take (`weight_bits`: 7 from `quantize` since this format; none said: 8; engine/cpu.py).
 # 12: a variant may say its graphs are batch-invariant (`batch_invariant`: a row's numbers depend on that row alone:
 # int8 activations quantized row by row, the step graph's cross-attention in plain operators; none said: not).
 # model_export writes FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on
-# (service/runtime.py: step_candidates, OnnxRuntime).
+# (service/engine/runtime.py: step_candidates, OnnxRuntime).
 FORMAT_VERSION = 12
 OLDEST_FORMAT_VERSION = 3
 # a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5),

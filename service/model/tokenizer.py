@@ -16,7 +16,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from service.errors import InvalidRequest, ModelFolderError
-from service.model_folder import MANIFEST, ModelFolder, SpecialIds
+from service.model.folder import MANIFEST, ModelFolder, SpecialIds
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Input and output names come from the manifest's roles; buffers come from the Dec
 nothing of requests, searches or batching policy: the scheduler decides which rows run.
 
 ONNX Runtime is imported where sessions are made, not with this module: a server whose models run in engine
-processes (service/engine_process.py) never loads it in its own process (18 MB).
+processes (service/scheduling/engine_process.py) never loads it in its own process (18 MB).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from service.decoding import rows_per_sentence
+from service.engine.decoding import rows_per_sentence
+from service.engine.kv_cache import DecoderCache
 from service.errors import ModelFolderError
-from service.kv_cache import DecoderCache
-from service.model_folder import GRAPHS, GraphSpec, ModelFolder, VariantSpec, check_graph_io
+from service.model.folder import GRAPHS, GraphSpec, ModelFolder, VariantSpec, check_graph_io
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -46,13 +46,13 @@ class SessionSettings:
     allow_spinning: bool = False  # busy-waiting threads fight every other thread on a small CPU
     encoder_threads: int = 0  # intra-op threads of the encoder's session; 0: as intra_op_threads
     ragged_step: bool = True  # open the folder's ragged step graph (format 5), if it has one: see OnnxRuntime.step
-    # (the server decides by the decoder's size: service/translator.py, ragged_step)
+    # (the server decides by the decoder's size: service/translation/translator.py, ragged_step)
     single_row_step: bool = True  # open the folder's step graph for one row (format 6), if it has one (CPU only)
     single_row_rows: int = 1  # ... and run it for steps of at most this many rows (the server decides by the
-    # decoder's size: service/translator.py, single_row_rows)
+    # decoder's size: service/translation/translator.py, single_row_rows)
     dense_step: bool = False  # open the folder's step graph for static batches (format 10), if it has one, in place
     # of the ragged one, for steps of at least dense_step_rows rows; this runtime's caches then grow with their rows
-    # (dense). For runtimes whose every batch runs to completion (service/translator.py: static batching; the
+    # (dense). For runtimes whose every batch runs to completion (translation/translator.py: static batching; the
     # offline evaluation; bench.engine)
     dense_step_rows: int = DENSE_STEP_ROWS
     shared_arena: bool = True  # CPU sessions draw on one process-wide arena (share_cpu_arena), not one each
@@ -439,7 +439,7 @@ class OnnxRuntime:
 
     def new_cache(self) -> DecoderCache:
         """On the CPU provider the cache reserves its self-attention's time axis, as long as the model's positions,
-        as address space (service/kv_cache.py: no regrowths); a cache beside CUDA nodes grows it as rows need (a host
+        as address space (engine/kv_cache.py: no regrowths); a cache beside CUDA nodes grows it as rows need (a host
         cache bound to them is copied when it is bound, and the reservation was measured on the CPU only). Beside
         the dense step graph (format 10), whose self-attention reads every slot of the time axis, the axis grows
         with the rows and is zeroed past what they wrote (`dense`): a static batch's rows all have the same length."""

@@ -121,7 +121,7 @@ class DecoderCache:
         self._groups: tuple[np.ndarray, np.ndarray] | None = None  # sentence_rows, row_slots of these rows
         self._in_order = True  # row i is sentence i's one row (greedy rows; any search's first step): see refill
         self._vacant = np.zeros(0, np.int64)  # places refill left for joining sentences, which `add` fills first
-        self.bound: Any = None  # a runtime's binding of the arrays a step is given (service/runtime.py); see _changed
+        self.bound: Any = None  # a runtime's binding of the arrays a step is given (engine/runtime.py); see _changed
         # (R, T) each host row's input token at each slot it wrote (`advance`), to find what beams share (`_shared`);
         # None in GPU memory, or once a step's tokens were not given
         self._tokens: np.ndarray | None = np.zeros((0, 0), np.int64) if xp is np else None

@@ -13,8 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.decoding import GreedySearch, Hypothesis, Search, SearchOptions, candidates, needs_log_probs, new_search
-from service.runtime import Runtime
+from service.engine.decoding import (
+    GreedySearch,
+    Hypothesis,
+    Search,
+    SearchOptions,
+    candidates,
+    needs_log_probs,
+    new_search,
+)
+from service.engine.runtime import Runtime
 
 
 @dataclass(frozen=True)

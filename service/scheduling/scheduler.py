@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.decoding import Hypothesis, Search, SearchOptions, new_search
-from service.engine import (
+from service.engine.batches import (
     TokenRules,
     advance_all,
     candidates_needed,
@@ -45,10 +44,11 @@ from service.engine import (
     pad_batch,
     source_mask,
 )
+from service.engine.decoding import Hypothesis, Search, SearchOptions, new_search
+from service.engine.runtime import Memory, Runtime
 from service.errors import DeadlineExceeded, InferenceError, Overloaded, ServiceError
 from service.metrics import Metrics
-from service.placement import Cores, pin_thread
-from service.runtime import Memory, Runtime
+from service.scheduling.placement import Cores, pin_thread
 
 log = logging.getLogger(__name__)
 WAITING_SCAN_SECONDS = 0.05  # how often queued sentences are checked for deadlines and cancellation
@@ -781,7 +781,7 @@ def new_scheduler(
     clock: Callable[[], float] = time.monotonic,
     cores: Cores | None = None,
 ) -> Scheduler | Streams:
-    """One Scheduler, or `streams` of them sharing a queue; `cores`: where each runs (service/placement.py)."""
+    """One Scheduler, or `streams` of them sharing a queue; `cores`: where each runs (scheduling/placement.py)."""
     if streams == 1:
         return Scheduler(runtime, rules, limits, metrics, model, clock, cores=cores)
     shared = Waiting()

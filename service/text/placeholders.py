@@ -19,7 +19,7 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.glossary import Glossary
+from service.text.glossary import Glossary
 
 ZWJ = "\u200d"  # joins the emoji of a sequence (👨‍👩‍👧)
 KEYCAP = "\u20e3"  # encloses a keycap's base: 1️⃣ is "1", U+FE0F, U+20E3

@@ -35,8 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.admission import Throughput
-from service.engine_process import EngineProcess
+from service.api.admission import Throughput
 from service.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -49,10 +48,11 @@ from service.errors import (
     ServiceError,
     TooLarge,
 )
-from service.glossary import MAX_REQUEST_TERMS, MAX_TERM_CHARS, problem
 from service.metrics import Metrics
+from service.scheduling.engine_process import EngineProcess
 from service.settings import Settings
-from service.translator import (
+from service.text.glossary import MAX_REQUEST_TERMS, MAX_TERM_CHARS, problem
+from service.translation.translator import (
     Registry,
     TranslateOptions,
     Translation,

@@ -16,21 +16,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from service import text
-from service.cpu import this_cpu_has_int8_dot_products
-from service.decoding import Hypothesis, SearchOptions, output_cap
-from service.engine import TokenRules, ends
-from service.engine_process import EngineProcess
+from service.engine.batches import TokenRules, ends
+from service.engine.cpu import this_cpu_has_int8_dot_products
+from service.engine.decoding import Hypothesis, SearchOptions, output_cap
+from service.engine.runtime import DENSE_STEP_ROWS, OnnxRuntime, Runtime, SessionSettings, step_candidates
 from service.errors import DeadlineExceeded, InvalidRequest, ModelFolderError, NotFound, SettingsError, TooLarge
-from service.glossary import Glossary, merged, read_glossary_file
 from service.metrics import Metrics
-from service.model_folder import MANIFEST, Architecture, ModelFolder, load_model_folder
-from service.placeholders import Masked, mask
-from service.placement import Cores, allowed_cores, claim, pin_process, plan
-from service.runtime import DENSE_STEP_ROWS, OnnxRuntime, Runtime, SessionSettings, step_candidates
-from service.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
+from service.model.folder import MANIFEST, Architecture, ModelFolder, load_model_folder
+from service.model.tokenizer import Tokenizer
+from service.scheduling.engine_process import EngineProcess
+from service.scheduling.placement import Cores, allowed_cores, claim, pin_process, plan
+from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
 from service.settings import Settings, available_cores
-from service.tokenizer import Tokenizer
+from service.text import document as text
+from service.text.glossary import Glossary, merged, read_glossary_file
+from service.text.placeholders import Masked, mask
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,7 +86,7 @@ class Prepared:
 
 class Translator:
     """`runtime` given: its scheduler runs in this process (tests, and `MT_ENGINE_PROCESS=false`); none: the
-    model's scheduler and sessions run in an engine process of their own (see service/engine_process.py)."""
+    model's scheduler and sessions run in an engine process of their own (see service/scheduling/engine_process.py)."""
 
     def __init__(
         self,
@@ -113,7 +113,7 @@ class Translator:
         self.max_beam = (most - 1) // 2  # beam k takes 2k + 1 (decoding.candidates)
         limits = batch_limits(settings)
         self._check_longest_sentence_fits(limits)
-        self.cores = cores  # where its decoding streams run, if pinned (service/placement.py)
+        self.cores = cores  # where its decoding streams run, if pinned (service/scheduling/placement.py)
         metrics.add_model(self.name, settings.max_queue_sentences)
         self.scheduler: Scheduler | Streams | EngineProcess
         if runtime is not None:
@@ -542,7 +542,7 @@ def single_row_rows(cfg: Architecture) -> int:
     weights faster than DynamicQuantizeMatMul for one row; on a decoder of at least SHARED_STEP_MACS, whose weights
     stream from memory every step, for a few (measured on 2 cores with VNNI, the step graph's time over the one-row
     graph's: the paper-size model 1.40x at 2 rows, 1.23x at 3, 1.09x at 4, 0.95x at 6, 0.87x at 8; the default model
-    1.28x at 1 row, 0.96x at 2, 0.83x at 3). On a CPU without VNNI (service/cpu.py) MatMulNBits' int8 kernel is the
+    1.28x at 1 row, 0.96x at 2, 0.83x at 3). On a CPU without VNNI (engine/cpu.py) MatMulNBits' int8 kernel is the
     slower from 2 rows (4 rows of the paper size's products 1.9-2.1x DynamicQuantizeMatMul's time, its beam 4 at
     batch 1 on one thread 0.7x the speed; at one row level with it, both models): one row only."""
     large = decoder_macs_per_token(cfg) >= SHARED_STEP_MACS
@@ -551,7 +551,7 @@ def single_row_rows(cfg: Architecture) -> int:
 
 def weight_bits_warnings(folder: ModelFolder, variant: str) -> list[str]:
     """What an operator should change for the model to run as measured: an int8 variant whose products' weights
-    take 8 bits (quantized before format 11) on a CPU without an int8 dot-product instruction (service/cpu.py).
+    take 8 bits (quantized before format 11) on a CPU without an int8 dot-product instruction (service/engine/cpu.py).
     There ONNX Runtime adds each two products in 16 bits, which such weights can overflow (on an AVX2-only Zen 3, 8
     bits against 7: the default model's encoder output 4.4 against 2.7 % RMS from fp32's, a tiny model's step
     log-probs 4.6 against under 1 off: docs/performance.md). Its products run on the CPU whatever the providers."""
@@ -670,7 +670,7 @@ def cuda_present(settings: Settings) -> bool:
     """CUDA is asked for (MT_PROVIDERS) and this onnxruntime build has it."""
     if "cuda" not in settings.providers:
         return False
-    import onnxruntime as ort  # only here: a CPU server's own process never loads it (service/runtime.py)
+    import onnxruntime as ort  # only here: a CPU server's own process never loads it (service/engine/runtime.py)
 
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
@@ -692,7 +692,7 @@ def open_runtime(folder: ModelFolder, settings: Settings) -> OnnxRuntime:
 
 def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) -> list[Translator]:
     """Every model folder's Translator (with its engine process, unless MT_ENGINE_PROCESS is false). `pin`: this
-    process is the server's own (`python -m service`), whose threads may be pinned (service/placement.py)."""
+    process is the server's own (`python -m service`), whose threads may be pinned (service/scheduling/placement.py)."""
     translators = []
     glossaries = read_glossary_file(settings.glossary_file) if settings.glossary_file else {}
     folders = [load_model_folder(path, settings.verify_checksums) for path in model_folders(settings)]
@@ -757,7 +757,7 @@ def check_names(folders: list[ModelFolder]) -> None:
 
 
 def place(folders: list[ModelFolder], settings: Settings) -> list[Cores] | None:
-    """MT_PIN_CORES: a core for each model's decoding streams, if service/placement.py's plan has one, this
+    """MT_PIN_CORES: a core for each model's decoding streams, if service/scheduling/placement.py's plan has one, this
     process's threads (and so its engine processes) pinned to the cores left; None where nothing is pinned."""
     if not settings.pin_cores or cuda_present(settings):
         return None
