@@ -86,9 +86,9 @@ class Ours:
     ) -> None:
         from service.engine.batches import TokenRules
         from service.engine.runtime import OnnxRuntime, SessionSettings
+        from service.engine.sessions import step_graph_options
         from service.model.folder import load_model_folder
         from service.settings import Settings
-        from service.translation.translator import step_graph_options
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)

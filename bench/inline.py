@@ -39,7 +39,8 @@ from service.metrics import Metrics
 from service.settings import Settings
 from service.text import document as text
 from service.text.glossary import Glossary
-from service.translation.translator import TranslateOptions, Translator, load_translators
+from service.translation.registry import load_translators
+from service.translation.translator import TranslateOptions, Translator
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = re.compile(r"</?b>")

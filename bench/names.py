@@ -36,7 +36,8 @@ from service.arguments import description_of, positive_int
 from service.metrics import Metrics
 from service.settings import Settings
 from service.text.glossary import Glossary
-from service.translation.translator import Translator, load_translators
+from service.translation.registry import load_translators
+from service.translation.translator import Translator
 
 ROOT = Path(__file__).resolve().parent.parent
 # names of people, places and products, each with a letter beyond ASCII, from a dozen languages

@@ -39,12 +39,13 @@ from service.arguments import description_of, positive_float, positive_int
 from service.engine.decoding import SearchOptions
 from service.engine.kv_cache import DecoderCache
 from service.engine.runtime import OnnxRuntime, StepBinding
+from service.engine.sessions import decoder_streams, open_runtime
 from service.metrics import Metrics
 from service.model.folder import load_model_folder
 from service.scheduling.engine_process import EngineProcess
 from service.scheduling.scheduler import Scheduler, SentenceJob, Streams, Ticket
 from service.settings import Settings
-from service.translation.translator import TranslateOptions, Translator, decoder_streams, open_runtime
+from service.translation.translator import TranslateOptions, Translator
 
 ROOT = Path(__file__).resolve().parent.parent
 

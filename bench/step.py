@@ -30,9 +30,9 @@ from bench.machine import describe, headline
 from service.arguments import description_of, non_negative_int, positive_int, positive_ints
 from service.engine.decoding import SearchOptions, candidates, needs_log_probs
 from service.engine.runtime import OnnxRuntime, SessionSettings
+from service.engine.sessions import single_row_rows
 from service.errors import ModelFolderError
 from service.model.folder import ModelFolder, load_model_folder
-from service.translation.translator import single_row_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAPH_NOTES = {"single": ", the one-row graph", "dense": ", the dense graph"}

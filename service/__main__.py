@@ -25,7 +25,7 @@ from service.arguments import port
 from service.errors import ServiceError, os_error_line
 from service.metrics import Metrics
 from service.settings import load_settings, warn_unknown_variables
-from service.translation.translator import load_translators
+from service.translation.registry import load_translators
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"
 

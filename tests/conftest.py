@@ -10,7 +10,7 @@ import pytest
 from model_export.checkpoint import Checkpoint
 from model_export.export import export_folder
 from model_export.quantize import add_int8_variant
-from service.engine.batches import kv_cache
+from service.engine import kv_cache
 from tests.factories import tiny_checkpoint, train_sentencepiece, write_checkpoint
 
 

@@ -36,6 +36,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.admission import Throughput
+from service.engine.sessions import decoder_streams, intra_op_threads
 from service.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -52,15 +53,8 @@ from service.metrics import Metrics
 from service.scheduling.engine_process import EngineProcess
 from service.settings import Settings
 from service.text.glossary import MAX_REQUEST_TERMS, MAX_TERM_CHARS, problem
-from service.translation.translator import (
-    Registry,
-    TranslateOptions,
-    Translation,
-    Translator,
-    decoder_streams,
-    intra_op_threads,
-    load_translators,
-)
+from service.translation.registry import Registry, load_translators
+from service.translation.translator import TranslateOptions, Translation, Translator
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -527,10 +527,7 @@ def serve(engine: Engine, pipe: Connection) -> None:
 
 def _serve(engine: Engine, conn: Wire, outbox: _Outbox) -> None:
     """`serve`, its outbox open."""
-    from service.translation.translator import (  # the server process never opens sessions here
-        decoder_streams,
-        open_runtime,
-    )
+    from service.engine.sessions import decoder_streams, open_runtime
 
     try:
         loaded = load_model_folder(engine.folder, verify_checksums=False)  # the server checked the files

@@ -10,7 +10,7 @@ import pytest
 from bench import names
 from service.metrics import Metrics
 from service.settings import Settings
-from service.translation.translator import load_translators
+from service.translation.registry import load_translators
 
 SOURCES = "Start Konsole in fullscreen mode.\nOpen the file.\nAsk Bob to call Bob.\nThe Okular viewer, now.\n"
 REFERENCES = "Démarrer Konsole en plein écran.\nOuvrir le fichier.\nDemander à Bob d'appeler Bob.\nOkular, là.\n"

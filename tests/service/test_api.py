@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-import service.translation.translator
+import service.engine.sessions
 from service.api.app import create_app
 from service.engine.batches import TokenRules, decode_batch
 from service.engine.decoding import SearchOptions
@@ -507,9 +507,9 @@ def test_an_int8_folder_of_8_bit_weights_on_a_cpu_without_vnni_is_flagged_at_loa
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["variants"]["int8"]["weight_bits"] = weight_bits  # (None: as a format 10 folder's, which has none)
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr(service.translation.translator, "this_cpu_has_int8_dot_products", lambda: dot_products)
+    monkeypatch.setattr(service.engine.sessions, "this_cpu_has_int8_dot_products", lambda: dot_products)
     settings = settings_for(folder, variant="int8", engine_process=False)
-    with caplog.at_level("WARNING", logger="service.translation.translator"), TestClient(create_app(settings)) as c:
+    with caplog.at_level("WARNING", logger="service.translation.registry"), TestClient(create_app(settings)) as c:
         model = c.get("/v1/models").json()["models"][0]
         assert c.post("/translate", json={"q": "Open the file.", "source": "en", "target": "fr"}).status_code == 200
     assert model["variant"] == "int8" and model["weight_bits"] == weight_bits

@@ -23,12 +23,12 @@ from model_export.quantize import add_int8_variant
 from service.engine.batches import TokenRules, decode_batch
 from service.engine.decoding import Hypothesis, SearchOptions
 from service.engine.runtime import OnnxRuntime
+from service.engine.sessions import open_runtime
 from service.metrics import Metrics
 from service.model.folder import ModelFolder, load_model_folder
 from service.model.tokenizer import Tokenizer
 from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
 from service.settings import Settings
-from service.translation.translator import open_runtime
 from tests.factories import tiny_checkpoint
 from tests.service.test_e2e import running_server
 
@@ -138,8 +138,8 @@ def test_a_folder_from_before_batch_invariant_graphs_is_refused_with_the_command
 ) -> None:
     import json
 
+    from service.engine.sessions import check_batch_invariant
     from service.errors import ModelFolderError
-    from service.translation.translator import check_batch_invariant
 
     folder_path = Path(shutil.copytree(quantized, tmp_path / "old"))
     manifest = json.loads((folder_path / "manifest.json").read_text())

@@ -39,7 +39,8 @@ from service.scheduling.engine_process import (
     rebuilt_error,
 )
 from service.scheduling.scheduler import SentenceJob, Ticket
-from service.translation.translator import TranslateOptions, Translator, load_translators
+from service.translation.registry import load_translators
+from service.translation.translator import TranslateOptions, Translator
 from tests.service.test_api import settings_for
 from tests.service.test_e2e import free_port, metric, start_server, wait_ready
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.engine.batches import kv_cache
+from service.engine import kv_cache
 from service.engine.kv_cache import MIN_CAPACITY, DecoderCache, fitted_capacity, group_rows, resized
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -646,7 +646,7 @@ def test_a_reserved_cache_keeps_every_row_as_a_growing_one_does_through_joins_be
 REFUSED = """
 import logging, resource, sys
 import numpy as np
-from service.engine.batches import kv_cache
+from service.engine import kv_cache
 from service.engine.kv_cache import DecoderCache
 from tests.service.test_kv_cache import agree_through_random_ops
 

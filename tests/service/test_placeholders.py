@@ -21,7 +21,8 @@ from service.settings import Settings
 from service.text import document as text
 from service.text.glossary import Glossary
 from service.text.placeholders import Masked, Run, mask, protected
-from service.translation.translator import TranslateOptions, Translator, load_translators
+from service.translation.registry import load_translators
+from service.translation.translator import TranslateOptions, Translator
 
 FLAG = "🏴\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f"  # Scotland's: a black flag and tags
 

@@ -15,8 +15,9 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from service.engine.batches import TokenRules, decode_batch, kv_cache
-from service.engine.batches import runtime as runtime_module
+from service.engine import kv_cache
+from service.engine import runtime as runtime_module
+from service.engine.batches import TokenRules, decode_batch
 from service.engine.decoding import SearchOptions
 from service.engine.kv_cache import MIN_CAPACITY, DecoderCache
 from service.engine.runtime import (
@@ -29,19 +30,12 @@ from service.engine.runtime import (
     host_device,
     usable_providers,
 )
-from service.errors import ModelFolderError
-from service.metrics import Metrics
-from service.model.folder import MANIFEST, load_model_folder, sha256_of
-from service.settings import SHIPPED_MODELS, Settings, available_cores
-from service.translation.translator import (
+from service.engine.sessions import (
     SHARED_STEP_MACS,
-    TranslateOptions,
-    Translator,
     chosen_variant,
     decoder_macs_per_token,
     decoder_streams,
     intra_op_threads,
-    load_translators,
     open_runtime,
     ragged_graph_bytes,
     ragged_step,
@@ -49,6 +43,12 @@ from service.translation.translator import (
     step_graph_options,
     step_graphs,
 )
+from service.errors import ModelFolderError
+from service.metrics import Metrics
+from service.model.folder import MANIFEST, load_model_folder, sha256_of
+from service.settings import SHIPPED_MODELS, Settings, available_cores
+from service.translation.registry import load_translators
+from service.translation.translator import TranslateOptions, Translator
 from tests.fakes import PatientSteps
 from tests.service.test_gpu import assert_written_in_place, one_attention_graph
 
@@ -126,7 +126,7 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     assert decoder_macs_per_token(shipped) == 3 * (6 * 256**2 + 2 * 256 * 1024) + 256 * 8000  # 4.8 M
     paper = shipped.model_copy(update={"d_model": 512, "d_ff": 2048, "n_decoder_layers": 6, "tgt_vocab_size": 59514})
     assert decoder_macs_per_token(paper) > SHARED_STEP_MACS > decoder_macs_per_token(shipped)
-    monkeypatch.setattr("service.translation.translator.available_cores", lambda: 6)
+    monkeypatch.setattr("service.engine.sessions.available_cores", lambda: 6)
     assert intra_op_threads(shipped, fast()) == 1
     assert intra_op_threads(shipped, fast(intra_op_threads=3)) == 3  # an explicit count wins
     assert decoder_streams(paper, fast()) == 2 and decoder_streams(shipped, fast()) == 1
@@ -138,18 +138,18 @@ def test_a_small_model_steps_on_one_thread_and_a_large_one_on_every_core(
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert decoder_streams(paper, fast(providers=["cuda", "cpu"])) == 2  # no CUDA here: laid out as on the CPU
     assert intra_op_threads(shipped, fast(decoder_streams=2)) == 1
-    monkeypatch.setattr("service.translation.translator.available_cores", lambda: 1)
+    monkeypatch.setattr("service.engine.sessions.available_cores", lambda: 1)
     assert decoder_streams(paper, fast()) == 1 and intra_op_threads(paper, fast()) == 1
-    monkeypatch.setattr("service.translation.translator.available_cores", lambda: 6)
+    monkeypatch.setattr("service.engine.sessions.available_cores", lambda: 6)
     monkeypatch.setenv("MT_MODELS_DIR", str(model_dir.parent))
     monkeypatch.setenv("MT_MODELS", model_dir.name)
     [translator] = load_translators(fast(engine_process=False), Metrics())  # the tiny test model
     assert translator.runtime.decoder.get_session_options().intra_op_num_threads == 1
     assert translator.runtime.ragged is not None  # a small decoder: its ragged step graph too
     translator.scheduler.stop()
-    monkeypatch.setattr("service.translation.translator.this_cpu_has_int8_dot_products", lambda: True)  # VNNI, AMX, ARM
+    monkeypatch.setattr("service.engine.sessions.this_cpu_has_int8_dot_products", lambda: True)  # VNNI, AMX, ARM
     assert single_row_rows(shipped) == 1 and single_row_rows(paper) == 4  # weights from memory: a few rows too
-    monkeypatch.setattr("service.translation.translator.this_cpu_has_int8_dot_products", lambda: False)  # AVX2 alone
+    monkeypatch.setattr("service.engine.sessions.this_cpu_has_int8_dot_products", lambda: False)  # AVX2 alone
     assert single_row_rows(shipped) == 1 and single_row_rows(paper) == 1  # MatMulNBits the slower from 2 rows
 
 
@@ -597,7 +597,7 @@ def test_the_start_up_line_names_the_step_graphs_the_engine_opens(
         assert step_graphs(folder, fast(variant="int8", providers=["cuda", "cpu"])) == ["step", "ragged", "one-row"]
     monkeypatch.setenv("MT_MODELS_DIR", str(quantized.parent))
     monkeypatch.setenv("MT_MODELS", quantized.name)
-    with caplog.at_level(logging.INFO, logger="service.translation.translator"):
+    with caplog.at_level(logging.INFO, logger="service.translation.registry"):
         [translator] = load_translators(fast(engine_process=False, variant="int8", pin_cores=False), Metrics())
     translator.scheduler.stop()
     assert translator.runtime.single is not None
@@ -708,7 +708,7 @@ def test_on_cuda_an_int8_default_gives_way_to_fp16_where_it_runs_else_fp32(
     """int8's products have no CUDA kernel: with CUDA asked for and present, a folder whose default is int8 runs
     fp16 if it can run on CUDA (format 7, CuPy), else fp32; MT_VARIANT, CPU runs and a build without CUDA keep it."""
     from model_export.half import add_fp16_variant
-    from service.translation import translator
+    from service.engine import sessions
 
     path = Path(shutil.copytree(quantized, tmp_path / "m"))
     add_fp16_variant(path)
@@ -719,13 +719,13 @@ def test_on_cuda_an_int8_default_gives_way_to_fp16_where_it_runs_else_fp32(
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert chosen_variant(folder, cuda) == "int8"  # an onnxruntime build without CUDA
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    monkeypatch.setattr(translator, "has_cupy", lambda: True)
+    monkeypatch.setattr(sessions, "has_cupy", lambda: True)
     assert chosen_variant(folder, cuda) == "fp16"
     assert chosen_variant(folder, cpu) == "int8"
     assert chosen_variant(folder, Settings(providers=["cuda", "cpu"], variant="int8")) == "int8"
-    monkeypatch.setattr(translator, "has_cupy", lambda: False)
+    monkeypatch.setattr(sessions, "has_cupy", lambda: False)
     assert chosen_variant(folder, cuda) == "fp32"
-    monkeypatch.setattr(translator, "has_cupy", lambda: True)
+    monkeypatch.setattr(sessions, "has_cupy", lambda: True)
     fp16 = manifest["variants"]["fp16"]["decoder_step"]
     fp16["inputs"] = [s for s in fp16["inputs"] if s["role"] not in ("seqlens_k", "total_sequence_length")]
     (path / MANIFEST).write_text(json.dumps({**manifest, "default_variant": "int8"}))  # an fp16 step of format 6

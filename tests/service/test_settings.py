@@ -17,7 +17,7 @@ from service.errors import ModelFolderError, SettingsError
 from service.metrics import Metrics
 from service.model import folder as model_folder
 from service.settings import COMPOSE_VARIABLES, Settings, load_settings, unknown_variables, warn_unknown_variables
-from service.translation.translator import load_translators
+from service.translation.registry import load_translators
 from tests.service.test_e2e import free_port, start_server
 
 
