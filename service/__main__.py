@@ -20,7 +20,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.api.app import RequestIdFilter, State, create_app
+from service.api.answers import RequestIdFilter
+from service.api.app import State, create_app
 from service.arguments import port
 from service.errors import ServiceError, os_error_line
 from service.metrics import Metrics

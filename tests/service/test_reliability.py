@@ -27,7 +27,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.admission import Throughput
-from service.api.app import State, TranslateEndpoint, create_app
+from service.api.app import State, create_app
+from service.api.translate import TranslateEndpoint
 from service.metrics import Metrics
 from service.translation import translator as translator_module
 from tests.service.test_api import fail_first_call, settings_for
@@ -479,7 +480,7 @@ def test_a_client_gone_while_its_body_is_read_is_499_and_a_bug_is_a_logged_500(
 
     gone = asyncio.run(call(leaves))
     assert gone[0]["status"] == 499 and json.loads(gone[1]["body"]) == {"error": "client closed the request"}
-    with caplog.at_level(logging.ERROR, logger="service.api.app"):
+    with caplog.at_level(logging.ERROR, logger="service.api.answers"):
         broken = asyncio.run(call(breaks))
     assert broken[0]["status"] == 500 and "request id" in json.loads(broken[1]["body"])["error"]
     assert any(r.exc_info and r.exc_info[0] is KeyError for r in caplog.records)
@@ -572,9 +573,9 @@ def test_the_access_log_can_be_turned_off_alone(model_dir: Path, caplog: pytest.
     with TestClient(create_app(settings_for(model_dir, access_log=False))) as c:
         assert c.post("/translate", json=NORMAL).status_code == 200
         assert c.post("/translate", json={**NORMAL, "beam_size": 0}).status_code == 422
-    lines = [r.getMessage() for r in caplog.records if r.name == "service.api.app"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "service.api.answers"]
     assert not [line for line in lines if line.startswith(("POST /translate", "GET "))]  # no access lines
-    assert any(r.levelno == logging.INFO and r.name != "service.api.app" for r in caplog.records)  # INFO logs still on
+    assert any(r.levelno == logging.INFO and r.name != "service.api.answers" for r in caplog.records)  # INFO logs still on
     caplog.clear()
     with TestClient(create_app(settings_for(model_dir))) as c:  # the default: a line a request
         assert c.post("/translate", json=NORMAL).status_code == 200
@@ -637,7 +638,7 @@ def test_a_path_cannot_forge_access_log_lines(client: TestClient, caplog: pytest
     forged = "/x%0a2026-12-01 19:00:00,000 CRITICAL [-] service: engine died%1b[31m"
     assert client.get(forged).status_code == 404
     assert client.get("/" + "y" * 5000).status_code == 404
-    lines = [r.getMessage() for r in caplog.records if r.name == "service.api.app"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "service.api.answers"]
     assert "GET /x\\n2026-12-01 19:00:00,000 CRITICAL [-] service: engine died\\x1b[31m 404" in "\n".join(lines)
     assert not any("\n" in line or "\x1b" in line for line in lines)
     assert any(line.startswith("GET /" + "y" * 199 + "... (5001 characters) 404") for line in lines)
