@@ -38,6 +38,7 @@ from service.arguments import description_of, positive_int
 from service.metrics import Metrics
 from service.settings import Settings
 from service.text import document as text
+from service.text import markup
 from service.text.glossary import Glossary
 from service.translation.registry import load_translators
 from service.translation.translator import TranslateOptions, Translator
@@ -70,8 +71,8 @@ def without(answer: str, element: str) -> str:
 @contextmanager
 def counting_fallbacks(counts: list[int]) -> Iterator[None]:
     """Counts, into counts[0], the sentences Document.unplaced sends to the second pass, and into counts[1] the
-    tagged sentences whose elements found no place in their whole translation (text._project)."""
-    unplaced, project = text.Document.unplaced, text._project
+    tagged sentences whose elements found no place in their whole translation (text.project)."""
+    unplaced, project = text.Document.unplaced, text.project
 
     def counted(doc: text.Document, translations: list[str]) -> list[int]:
         found = unplaced(doc, translations)
@@ -83,22 +84,22 @@ def counting_fallbacks(counts: list[int]) -> Iterator[None]:
         counts[1] += spans is None
         return spans
 
-    text.Document.unplaced, text._project = counted, placed  # type: ignore[method-assign, assignment]
+    text.Document.unplaced, text.project = counted, placed  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
-        text.Document.unplaced, text._project = unplaced, project  # type: ignore[method-assign]
+        text.Document.unplaced, text.project = unplaced, project  # type: ignore[method-assign]
 
 
 @contextmanager
 def pieces_only() -> Iterator[None]:
     """split_html as before inline elements: every tag ends a sentence."""
-    whole = text.split_html
-    text.split_html = partial(whole, inline=False)
+    whole = markup.split_html
+    markup.split_html = partial(whole, inline=False)
     try:
         yield
     finally:
-        text.split_html = whole
+        markup.split_html = whole
 
 
 def translate(

@@ -37,11 +37,7 @@ if TYPE_CHECKING:
     from service.api.app import State  # only its type: app imports this module
 
 log = logging.getLogger(__name__)
-
-
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
-
-
 STATUS: dict[type[ServiceError], int] = {
     InvalidRequest: 400,
     Forbidden: 403,
@@ -56,6 +52,7 @@ STATUS: dict[type[ServiceError], int] = {
 
 
 SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # echoed in headers and logs: nothing else is taken
+LOGGED_PATH_CHARS = 200
 
 
 class BodyGuard:
@@ -138,9 +135,6 @@ class RequestContext:
                 shown = scope["path"] if scope["path"] in self.paths else loggable(scope["path"])
                 log.info("%s %s %d %.1fms", scope["method"], shown, status[0], elapsed * 1000)
             request_id.reset(token)
-
-
-LOGGED_PATH_CHARS = 200
 
 
 def loggable(path: str) -> str:

@@ -53,43 +53,6 @@ T = TypeVar("T")
 THROUGHPUT_SAMPLE_SECONDS = 0.25
 
 
-# -- request and response bodies ------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-# -- middleware: request ids, metrics, body size --------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# -- the app --------------------------------------------------------------------------------------
 
 
 class State:
@@ -251,37 +214,6 @@ def _add_error_handlers(app: FastAPI, state: State) -> None:
 
     for kind in (ServiceError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, answer)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# -- POST /translate ------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
 
 
 def _add_routes(app: FastAPI, state: State) -> None:

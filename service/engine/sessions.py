@@ -17,19 +17,17 @@ from service.settings import Settings, available_cores
 # encoder passes on the same cores. The paper-size model (52.5 M) steps 1.43x faster with two, and served gives 93 %
 # with two, 76 % with one. The threshold lies between the two, at their geometric mean.
 SHARED_STEP_MACS = 16_000_000
+# The most bytes the ragged step graph's own copy of the decoder's weights may take for the server to open it unasked
+# (its session cannot share the step graph's prepacked weights): the default model's int8 graph is 5 MB, the paper
+# size's 54 MB int8 and 333 MB fp32. Served at 32 clients of real text on the AMX Xeon, the paper size's int8 ran
+# 1.07x faster with it (docs/performance.md, the change table), for ~53 MB more resident memory.
+RAGGED_COPY_BYTES = 64 * 2**20
 
 
 def decoder_macs_per_token(cfg: Architecture) -> int:
     """Multiply-adds of one decoder step per row: the projections, the FFN and the vocabulary projection."""
     d = cfg.d_model
     return cfg.n_decoder_layers * (6 * d * d + 2 * d * cfg.d_ff) + d * cfg.tgt_vocab_size
-
-
-# The most bytes the ragged step graph's own copy of the decoder's weights may take for the server to open it unasked
-# (its session cannot share the step graph's prepacked weights): the default model's int8 graph is 5 MB, the paper
-# size's 54 MB int8 and 333 MB fp32. Served at 32 clients of real text on the AMX Xeon, the paper size's int8 ran
-# 1.07x faster with it (docs/performance.md, the change table), for ~53 MB more resident memory.
-RAGGED_COPY_BYTES = 64 * 2**20
 
 
 def ragged_graph_bytes(folder: ModelFolder, variant: str) -> int | None:

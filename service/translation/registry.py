@@ -78,8 +78,6 @@ def model_folders(settings: Settings) -> list[Path]:
     return found
 
 
-
-
 def load_translators(settings: Settings, metrics: Metrics, pin: bool = False) -> list[Translator]:
     """Every model folder's Translator (with its engine process, unless MT_ENGINE_PROCESS is false). `pin`: this
     process is the server's own (`python -m service`), whose threads may be pinned (service/scheduling/placement.py)."""

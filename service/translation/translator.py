@@ -33,6 +33,7 @@ from service.scheduling.placement import Cores
 from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
 from service.settings import Settings
 from service.text import document as text
+from service.text import markup
 from service.text.glossary import Glossary, merged
 from service.text.placeholders import Masked, mask
 
@@ -139,7 +140,7 @@ class Translator:
         if options.html:
             settings = self.settings
             split = partial(
-                text.split_html, placeholders=settings.mask_symbols, attributes=settings.html_attributes,
+                markup.split_html, placeholders=settings.mask_symbols, attributes=settings.html_attributes,
                 languages=(self.source_language, target),
             )  # fmt: skip
         documents = [split(text.clean(t)) for t in texts]
@@ -149,7 +150,7 @@ class Translator:
         documents = [doc.expand(self.tokenizer.count, self.max_source_tokens) for doc in documents]
         sentences = [s for doc in documents for s in doc.texts]
         attributes = sum(len(doc.attribute_texts) for doc in documents)  # (cut too)
-        lazy = pieces = 0  # inline tags' pieces (text.Tagged): lazy ones in a second pass, if at all
+        lazy = pieces = 0  # inline tags' pieces (text.inline.Tagged): lazy ones in a second pass, if at all
         if options.html:
             lazy = sum(len(t.pieces.sentences) for doc in documents for t in doc.tagged.values() if not t.eager)
             pieces = len(sentences) + lazy - attributes - sum(len(doc.sentences) for doc in documents)
@@ -246,7 +247,7 @@ class Translator:
         decoded = await off_loop(inline, self._decoded, prepared, hypotheses)
         placed: list[dict[int, str]] = [{} for _ in prepared.documents]
         jobs, results = prepared.jobs, hypotheses  # both passes', for the usage
-        if options.html and any(doc.tagged for doc in prepared.documents):  # inline elements (text.Tagged)
+        if options.html and any(doc.tagged for doc in prepared.documents):  # inline elements (text.inline.Tagged)
             pieces, places = await off_loop(inline, self._unplaced, prepared, decoded, target, options)
             if pieces.jobs:  # kept elements with no place in their sentence's translation: its pieces around them
                 more, _ = await self._translated(pieces, target, options, started, inline)

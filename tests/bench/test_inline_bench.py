@@ -8,6 +8,7 @@ import pytest
 
 from bench import inline
 from service.text import document as text
+from service.text import markup
 
 SOURCES = "Open the file now.\nSave the document as a copy.\nThe printer is not responding today.\nHi.\n"
 REFERENCES = "Ouvrir le fichier.\nEnregistrer le document.\nL'imprimante ne répond pas.\nSalut.\n"
@@ -31,7 +32,7 @@ def test_the_three_ways_are_scored_and_timed(
         assert held and held[1] == "3" and 0 <= int(held[2]) <= 3  # once each, from either pass
     else:
         assert re.search(r"whole through its tags: \d+ of 3 answers placed the tags in the whole translation", out)
-    assert text.split_html.__name__ == "split_html" and text.Document.unplaced.__name__ == "unplaced"  # restored
+    assert markup.split_html.__name__ == "split_html" and text.Document.unplaced.__name__ == "unplaced"  # restored
 
 
 def test_an_element_goes_among_the_words() -> None:
