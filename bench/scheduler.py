@@ -43,7 +43,8 @@ from service.engine.sessions import decoder_streams, open_runtime
 from service.metrics import Metrics
 from service.model.folder import load_model_folder
 from service.scheduling.engine_process import EngineProcess
-from service.scheduling.scheduler import Scheduler, SentenceJob, Streams, Ticket
+from service.scheduling.jobs import SentenceJob, Ticket
+from service.scheduling.scheduler import Scheduler, Streams
 from service.settings import Settings
 from service.translation.translator import TranslateOptions, Translator
 

@@ -49,14 +49,18 @@ from service.engine.decoding import Hypothesis, SearchOptions
 from service.errors import InferenceError, ModelFolderError, Overloaded, ServiceError
 from service.metrics import Metrics
 from service.model.folder import load_model_folder
+from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket, fits
 from service.scheduling.placement import Cores, pin_process, run_as_batch
-from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
+from service.scheduling.scheduler import Scheduler, Streams, new_scheduler
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 METRICS_SECONDS = 0.1  # the longest an engine's metric update waits to reach the server's registry
 STOP_MARGIN_SECONDS = 10.0  # past the drain timeout, before a stopped engine process is killed
 Update = tuple[str, tuple[str, ...], str, Any]  # (metric, label values, method, value): see MetricsRecorder
+_OPTION_FIELDS = tuple(f.name for f in fields(SearchOptions))
+_HYPOTHESIS_FIELDS = tuple(f.name for f in fields(Hypothesis))
+_CLOSED = object()
 
 
 class Wire:
@@ -83,10 +87,6 @@ class Wire:
 
     def close(self) -> None:
         self.conn.close()
-
-
-_OPTION_FIELDS = tuple(f.name for f in fields(SearchOptions))
-_HYPOTHESIS_FIELDS = tuple(f.name for f in fields(Hypothesis))
 
 
 def options_wire(options: SearchOptions) -> tuple[Any, ...]:
@@ -490,9 +490,6 @@ class _Outbox:
             if messages:
                 with contextlib.suppress(OSError, ValueError):  # the server is gone; the main loop sees it and ends
                     self.conn.send(messages)
-
-
-_CLOSED = object()
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ from service.metrics import Metrics
 from service.model.folder import ModelFolder
 from service.model.tokenizer import Tokenizer
 from service.scheduling.engine_process import EngineProcess
+from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket, fits
 from service.scheduling.placement import Cores
-from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Streams, Ticket, fits, new_scheduler
+from service.scheduling.scheduler import Scheduler, Streams, new_scheduler
 from service.settings import Settings
 from service.text import document as text
 from service.text import markup

@@ -27,7 +27,8 @@ from service.engine.sessions import open_runtime
 from service.metrics import Metrics
 from service.model.folder import ModelFolder, load_model_folder
 from service.model.tokenizer import Tokenizer
-from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket
+from service.scheduling.scheduler import Scheduler
 from service.settings import Settings
 from tests.factories import tiny_checkpoint
 from tests.service.test_e2e import running_server

@@ -38,7 +38,7 @@ from service.scheduling.engine_process import (
     options_wire,
     rebuilt_error,
 )
-from service.scheduling.scheduler import SentenceJob, Ticket
+from service.scheduling.jobs import SentenceJob, Ticket
 from service.translation.registry import load_translators
 from service.translation.translator import TranslateOptions, Translator
 from tests.service.test_api import settings_for

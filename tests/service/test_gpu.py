@@ -96,7 +96,8 @@ def test_continuous_batching_on_the_gpu_cache_gives_each_sentence_its_solo_resul
     from service.engine.batches import TokenRules, decode_batch
     from service.engine.decoding import SearchOptions
     from service.metrics import Metrics
-    from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+    from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket
+    from service.scheduling.scheduler import Scheduler
 
     folder = load_model_folder(halved[1])
     runtime = OnnxRuntime(folder, "fp16", CUDA)

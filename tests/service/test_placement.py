@@ -15,8 +15,9 @@ from service.engine.batches import TokenRules
 from service.engine.decoding import SearchOptions
 from service.engine.runtime import Memory
 from service.metrics import Metrics
+from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket
 from service.scheduling.placement import Cores, allowed_cores, claim, plan, release, run_as_batch
-from service.scheduling.scheduler import BatchLimits, SentenceJob, Ticket, new_scheduler
+from service.scheduling.scheduler import new_scheduler
 from tests.fakes import EOS, PAD, START, FakeRuntime
 
 TWO = frozenset({0, 1})

@@ -684,7 +684,8 @@ def test_a_beam_takes_the_one_row_graph_only_where_its_next_steps_would(quantize
 def test_the_warm_up_runs_the_one_row_graph_and_the_step_graph(quantized: Path, single_rows: int) -> None:
     """A server's warm-up translates through the encoder, the one-row graph (a greedy sentence: the default
     search) and the step graph (rows past what the one-row graph takes), whatever rows the one-row graph takes."""
-    from service.scheduling.scheduler import BatchLimits, Scheduler
+    from service.scheduling.jobs import BatchLimits
+    from service.scheduling.scheduler import Scheduler
 
     folder = load_model_folder(quantized)
     runtime = OnnxRuntime(folder, "int8", SessionSettings(single_row_rows=single_rows))
@@ -743,7 +744,8 @@ def _scheduled(
 ) -> list[object]:
     """Each sentence's best tokens (or its error; `hypotheses`: its hypotheses, scores and all), the sentences
     joining a running continuous batch one per iteration."""
-    from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+    from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket
+    from service.scheduling.scheduler import Scheduler
 
     scheduler = Scheduler(runtime, rules, BatchLimits(), Metrics(), "t")
     tickets = []
@@ -840,7 +842,8 @@ def _passes_join_after_the_step(scheduler: Any) -> None:
 def _refilled(folder, variant: str, sources: list[list[int]], copies: bool) -> tuple[list[object], int, int]:
     """Greedy sentences joining a running continuous batch (overlapped encoder passes) while others finish: each
     one's best tokens, the steps, and the bindings made."""
-    from service.scheduling.scheduler import BatchLimits, Scheduler, SentenceJob, Ticket
+    from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket
+    from service.scheduling.scheduler import Scheduler
 
     ids = folder.manifest.special_ids
     runtime = PatientRuntime(folder, variant)
@@ -874,13 +877,14 @@ def test_newcomers_in_finished_rows_places_keep_the_binding_and_every_result(
     gets when the last rows move into those places and newcomers join at the end (the same rows at every step, in
     another order), with fewer bindings: a step after as many joined as finished keeps its binding. Where host
     inputs are copied when bound (CUDA, simulated here), the cache binds anew instead, and the results hold."""
+    import service.scheduling.encoder
     import service.scheduling.scheduler
 
     # one encoder pass per bucket the worker admits, none early or merged: int8 quantizes a pass's activations with
     # one scale over its sentences (README, "How the server runs a model"), so the three runs compared here must
     # encode each sentence with the same others, which the encoder thread's timing would otherwise decide
     monkeypatch.setattr(service.scheduling.scheduler, "EARLY_QUEUE", 0)
-    monkeypatch.setattr(service.scheduling.scheduler, "MERGED_PASS_SENTENCES", 1)
+    monkeypatch.setattr(service.scheduling.encoder, "MERGED_PASS_SENTENCES", 1)
     folder = load_model_folder(quantized)
     rng = np.random.default_rng(11)
     eos = folder.manifest.special_ids.eos

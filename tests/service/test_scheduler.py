@@ -17,16 +17,9 @@ from service.engine.kv_cache import DecoderCache
 from service.engine.runtime import Memory
 from service.errors import DeadlineExceeded, InferenceError, Overloaded
 from service.metrics import Metrics
-from service.scheduling.scheduler import (
-    EARLY_QUEUE,
-    BatchLimits,
-    EncoderThread,
-    Scheduler,
-    SentenceJob,
-    Streams,
-    Ticket,
-    new_scheduler,
-)
+from service.scheduling.encoder import EncoderThread
+from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket
+from service.scheduling.scheduler import EARLY_QUEUE, Scheduler, Streams, new_scheduler
 from tests.fakes import EOS, PAD, START, FakeRuntime, PatientRuntime
 
 RULES = TokenRules(decoder_start_id=START, eos_id=EOS, pad_id=PAD)
