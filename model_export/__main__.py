@@ -12,19 +12,13 @@ from pathlib import Path
 
 from model_export.config import ConfigError, TransformerConfig
 from model_export.errors import ExportError
-from service.arguments import fraction, int_between, non_negative_int, positive_float, positive_int
-from service.errors import ModelFolderError, os_error_line
+from service.arguments import fraction, int_between, non_negative_int, os_error_line, positive_float, positive_int
+from service.engine import BEAM_SIZE_LIMIT
+from service.model import ModelFolderError
 
 EXIT_BAD_INPUT = 2
 # evaluate's threads for one process's graph runs: past the cores they only contend; 256 is above any CPU here
 MAX_THREADS = 256
-
-
-def server_limit(setting: str) -> int:
-    """The upper bound service/settings.py puts on a setting (MT_MAX_BEAM_SIZE: 16), so evaluate stays within it."""
-    from service.settings import Settings
-
-    return next(m.le for m in Settings.model_fields[setting].metadata if getattr(m, "le", None) is not None)
 
 
 def cmd_params(args: argparse.Namespace) -> int:
@@ -197,7 +191,7 @@ def _add_letters(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_evaluate_and_quantize(sub: argparse._SubParsersAction) -> None:
-    max_beam = server_limit("max_beam_size")
+    max_beam = BEAM_SIZE_LIMIT  # the server's bound on MT_MAX_BEAM_SIZE
     evaluate = sub.add_parser("evaluate", help="BLEU, chrF and placeholder accuracy of a model folder on a split")
     evaluate.add_argument("--model-dir", type=Path, required=True)
     evaluate.add_argument("--corpus", type=Path, default=Path("data/corpus"))

@@ -15,7 +15,7 @@ from model_export.checkpoint import Checkpoint
 from model_export.errors import ExportError
 from model_export.export import variant_files
 from model_export.model import Transformer
-from service.model.folder import load_model_folder
+from service.model import load_model_folder
 
 
 def _row(*cells: object) -> str:

@@ -17,17 +17,20 @@ from tqdm import tqdm
 from model_export.corpus import read_lines
 from model_export.corpus.clean import placeholders
 from model_export.errors import ExportError
-from service.engine.batches import TokenRules, decode_batches
-from service.engine.decoding import SearchOptions, output_cap
-from service.engine.runtime import OnnxRuntime, SessionSettings
-from service.model.folder import load_model_folder
-from service.model.tokenizer import Tokenizer
-from service.settings import Settings
+from service.engine import (
+    MAX_OUTPUT_RATIO,
+    MAX_OUTPUT_TOKENS,
+    OnnxRuntime,
+    SearchOptions,
+    SessionSettings,
+    TokenRules,
+    decode_batches,
+    output_cap,
+)
+from service.model import Tokenizer, load_model_folder
 
 # Each sentence's output cap: the server's at its defaults (not the MT_* environment: an evaluation, and the engine
 # bench.server measures beside the server, are the folder's own)
-MAX_OUTPUT_TOKENS = Settings.model_fields["max_output_tokens"].default
-MAX_OUTPUT_RATIO = Settings.model_fields["max_output_ratio"].default
 
 
 @dataclass

@@ -24,8 +24,7 @@ from model_export import graph_io
 from model_export.checkpoint import Checkpoint, TokenizerFiles
 from model_export.errors import ExportError
 from model_export.onnx_graphs import build_decoder_step, build_encoder
-from service.errors import ModelFolderError
-from service.model.folder import FORMAT, GRAPHS, MANIFEST, ModelFolder, load_model_folder, sha256_of
+from service.model import FORMAT, GRAPHS, MANIFEST, ModelFolder, ModelFolderError, load_model_folder, sha256_of
 
 ENCODER_FILE, DECODER_FILE, RAGGED_FILE = "encoder.onnx", "decoder_step.onnx", "decoder_step_ragged.onnx"
 

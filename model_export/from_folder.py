@@ -7,7 +7,6 @@ initializer names and the manifest; nothing of the runtime. Training state does 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,7 @@ from model_export.checkpoint import Checkpoint, TokenizerFiles
 from model_export.config import ConfigError, TransformerConfig
 from model_export.errors import ExportError
 from model_export.model import Transformer
-from service.errors import ModelFolderError
-from service.model.folder import FORMAT_VERSION, MANIFEST, OLDEST_FORMAT_VERSION, load_model_folder
+from service.model import MANIFEST, ModelFolder, ModelFolderError, load_model_folder
 
 VARIANT = "fp32"  # the only variant whose graphs hold the weights as trained (int8 and fp16 have lost precision)
 EXPORT_FIELDS = ("exported_at", "exporter")  # the manifest's provenance of the export itself, not of the weights
@@ -178,105 +176,69 @@ def check_shapes(state: dict[str, torch.Tensor], cfg: TransformerConfig, folder:
         raise ExportError(f"{folder}: weights the manifest's config has no place for: {', '.join(extra)}")
 
 
-# -- the folder: manifest, files, tokenizer, provenance --------------------------------------------------------------
+# -- the folder: its manifest (read by the server's reader), tokenizer, provenance ------------------------------------
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest as JSON, refused before anything else is read when its format is not one this version reads."""
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise ExportError(f"{path}: missing: {folder} is not a model folder (`export` writes one)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ExportError(f"{path}: not valid JSON ({error})") from None
-    version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if isinstance(version, str | float) and not isinstance(version, bool):  # "8" and 8.0, as the server reads them
-        version = int(version) if str(version).removesuffix(".0").isdigit() else None
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise ExportError(f"{path}: no format_version: not a model folder's manifest (`export` writes one)")
-    if version < OLDEST_FORMAT_VERSION:
+def fp32_graph_paths(loaded: ModelFolder) -> tuple[Path, Path]:
+    """The fp32 variant's encoder and step graph (the reader has checked that every listed file is present)."""
+    variant = loaded.manifest.variants.get(VARIANT)
+    if variant is None:
         raise ExportError(
-            f"{path}: format_version {version} is older than {OLDEST_FORMAT_VERSION}, the oldest this model_export "
-            "reads: rebuild the checkpoint with the model_export that wrote the folder, or export the folder again"
+            f"{loaded.path}: no {VARIANT} variant: the weights are rebuilt from the fp32 graphs (int8 and fp16 ones "
+            f"have lost precision): {RESTORE}"
         )
-    if version > FORMAT_VERSION:
-        raise ExportError(
-            f"{path}: format_version {version} is newer than {FORMAT_VERSION}, the newest this model_export reads: "
-            "rebuild the checkpoint with a model_export as new as the one that wrote the folder"
-        )
-    return manifest
+    return loaded.path / variant.encoder.file, loaded.path / variant.decoder_step.file
 
 
-def fp32_graph_paths(folder: Path, manifest: dict[str, Any]) -> tuple[Path, Path]:
-    """The fp32 variant's encoder and step graph, both present."""
-    variants = manifest.get("variants")
-    if not isinstance(variants, dict):
-        raise ExportError(f"{folder / MANIFEST}: 'variants' is not an object of variants (`export` writes one)")
-    variant = variants.get(VARIANT)
-    if not variant:
-        raise ExportError(
-            f"{folder}: no {VARIANT} variant: the weights are rebuilt from the fp32 graphs (int8 and fp16 ones have "
-            f"lost precision): {RESTORE}"
-        )
-    try:
-        paths = (folder / variant["encoder"]["file"], folder / variant["decoder_step"]["file"])
-    except (KeyError, TypeError):
-        raise ExportError(f"{folder / MANIFEST}: its {VARIANT} variant does not name its graphs' files") from None
-    for path in paths:
-        if not path.is_file():
-            raise ExportError(f"{path}: missing: the weights are rebuilt from the fp32 graphs: {RESTORE}")
-    return paths
-
-
-def tokenizer_files(folder: Path, tokenizer: dict[str, Any]) -> TokenizerFiles:
-    names = [tokenizer["source_model"], tokenizer["target_model"]] + [tokenizer.get("vocabulary") or ""]
-    files = {name: (folder / name).read_bytes() for name in dict.fromkeys(names) if name}
+def tokenizer_files(loaded: ModelFolder) -> TokenizerFiles:
+    tokenizer = loaded.manifest.tokenizer
+    names = [tokenizer.source_model, tokenizer.target_model, tokenizer.vocabulary or ""]
+    files = {name: (loaded.path / name).read_bytes() for name in dict.fromkeys(names) if name}
     return TokenizerFiles(
         files=files,
-        source_model=tokenizer["source_model"],
-        target_model=tokenizer["target_model"],
-        vocabulary=tokenizer.get("vocabulary"),
-        append_eos=tokenizer.get("append_eos", True),
-        target_tokens=dict(tokenizer.get("target_tokens", {})),
-        rare_letters=tokenizer.get("rare_letters", ""),
+        source_model=tokenizer.source_model,
+        target_model=tokenizer.target_model,
+        vocabulary=tokenizer.vocabulary,
+        append_eos=tokenizer.append_eos,
+        target_tokens=dict(tokenizer.target_tokens),
+        rare_letters=tokenizer.rare_letters,
     )
 
 
-def provenance(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def provenance(loaded: ModelFolder) -> dict[str, Any]:
     """The manifest's own provenance (training options, averaged checkpoints, licence...), the export's record
     moved under `rebuilt_from`, which says which folder the weights came from."""
-    given = manifest.get("provenance", {})
+    manifest = loaded.manifest
+    given = manifest.provenance
     rebuilt = {
-        "folder": manifest["name"],
-        "version": manifest["version"],
-        "path": str(folder),
-        "format_version": manifest["format_version"],
+        "folder": manifest.name,
+        "version": manifest.version,
+        "path": str(loaded.path),
+        "format_version": manifest.format_version,
         **{k: given[k] for k in EXPORT_FIELDS if k in given},
     }
     kept = {k: v for k, v in given.items() if k not in EXPORT_FIELDS}
-    return {"name": manifest["name"], **kept, "rebuilt_from": rebuilt}
+    return {"name": manifest.name, **kept, "rebuilt_from": rebuilt}
 
 
 def checkpoint_from_folder(folder: Path) -> Checkpoint:
     """A model folder's fp32 graphs back into the checkpoint they were exported from (its weights, config,
     tokenizer and languages; no training state)."""
-    manifest = read_manifest(folder)
-    encoder_path, step_path = fp32_graph_paths(folder, manifest)
     try:
-        load_model_folder(folder)  # the manifest's schema and every file's checksum
+        loaded = load_model_folder(folder)  # the manifest's format and schema, every file's size and checksum
     except ModelFolderError as error:
-        raise ExportError(f"{error}: {RESTORE}") from None
+        raise ExportError(str(error)) from None
+    encoder_path, step_path = fp32_graph_paths(loaded)
     try:
-        cfg = TransformerConfig.from_dict(manifest["config"])
+        cfg = TransformerConfig.from_dict(loaded.manifest.config.model_dump())
     except (ConfigError, TypeError) as error:
         raise ExportError(f"{folder / MANIFEST}: bad config: {error}") from None
     state = state_dict_from_graphs(read_graph(encoder_path), read_graph(step_path), cfg)
     return Checkpoint(
         config=cfg,
         state_dict=state,
-        tokenizer=tokenizer_files(folder, manifest["tokenizer"]),
-        source_language=manifest["source_language"],
-        target_languages=list(manifest["target_languages"]),
-        provenance=provenance(folder, manifest),
+        tokenizer=tokenizer_files(loaded),
+        source_language=loaded.manifest.source_language,
+        target_languages=list(loaded.manifest.target_languages),
+        provenance=provenance(loaded),
     )

@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from model_export.config import TransformerConfig
-from service.model.folder import FORMAT_VERSION  # noqa: F401 - the one the server reads is the one written
+from service.model import FORMAT_VERSION  # noqa: F401 - the one the server reads is the one written
 
 OPSET = 17
 CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (attention kernels), version 1

@@ -17,7 +17,7 @@ from model_export.corpus import read_lines
 from model_export.corpus.tokenizer import rare_letters
 from model_export.errors import ExportError
 from model_export.export import write_manifest
-from service.model.folder import FORMAT_VERSION, MANIFEST, load_model_folder
+from service.model import FORMAT_VERSION, MANIFEST, load_model_folder
 
 #: The graphs of formats 9 and 10 are format 8's (10 adds an optional graph): a folder of format 8 takes the letters
 #: as it is.

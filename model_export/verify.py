@@ -18,12 +18,8 @@ from model_export import reference
 from model_export.checkpoint import Checkpoint
 from model_export.errors import ExportError
 from model_export.model import Transformer
-from service.engine.batches import TokenRules, decode_batch
-from service.engine.decoding import SearchOptions
-from service.engine.kv_cache import DecoderCache
-from service.engine.runtime import OnnxRuntime, SessionSettings
-from service.model.folder import ModelFolder, load_model_folder
-from service.model.tokenizer import Tokenizer
+from service.engine import DecoderCache, OnnxRuntime, SearchOptions, SessionSettings, TokenRules, decode_batch
+from service.model import ModelFolder, Tokenizer, load_model_folder
 
 SHAPES = ((1, 1, 4), (3, 7, 6), (5, 12, 9))  # (batch, longest source, decoder steps)
 # the VariantSpec fields verify runs (the dense one in a runtime of its own, whose caches are dense)

@@ -22,8 +22,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.api.answers import RequestIdFilter
 from service.api.app import State, create_app
-from service.arguments import port
-from service.errors import ServiceError, os_error_line
+from service.arguments import os_error_line, port
+from service.errors import ServiceError
 from service.metrics import Metrics
 from service.settings import load_settings, warn_unknown_variables
 from service.translation.registry import load_translators

@@ -51,3 +51,12 @@ def description_of(doc: str | None) -> str:
     """A module docstring's first sentence, as a command's --help description (its first line cut one mid-phrase)."""
     paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
     return re.split(r"(?<=[.:])\s(?=[A-Z])", paragraph, maxsplit=1)[0]
+
+
+def os_error_line(error: OSError) -> str:
+    """An OSError as one line for a command line or a log: `path: reason` (both paths of a rename), or the error's
+    own text where it names no file."""
+    if error.filename is None:
+        return str(error)
+    paths = f"{error.filename} -> {error.filename2}" if error.filename2 is not None else str(error.filename)
+    return f"{paths}: {error.strerror or error}"

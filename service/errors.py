@@ -68,12 +68,3 @@ class DeadlineExceeded(ServiceError):
 
 class InferenceError(ServiceError):
     pass
-
-
-def os_error_line(error: OSError) -> str:
-    """An OSError as one line for a command line or a log: `path: reason` (both paths of a rename), or the error's
-    own text where it names no file."""
-    if error.filename is None:
-        return str(error)
-    paths = f"{error.filename} -> {error.filename2}" if error.filename2 is not None else str(error.filename)
-    return f"{paths}: {error.strerror or error}"

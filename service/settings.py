@@ -15,6 +15,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.engine.decoding import BEAM_SIZE_LIMIT, MAX_OUTPUT_RATIO, MAX_OUTPUT_TOKENS
 from service.errors import SettingsError
 from service.scheduling.placement import CLAIMS, allowed_cores
 
@@ -194,14 +195,24 @@ class Settings(BaseSettings):
 
     # -- decoding defaults and limits ----------------------------------------------------------
     default_beam_size: int = Field(
-        1, ge=1, le=16, description="beams for a request that gives no beam_size (1: greedy); at most max_beam_size"
+        1,
+        ge=1,
+        le=BEAM_SIZE_LIMIT,
+        description="beams for a request that gives no beam_size (1: greedy); at most max_beam_size",
     )
     max_beam_size: int = Field(
-        8, ge=1, le=16, description="the largest beam_size, and alternatives + 1, a request may ask (400 beyond it)"
+        8,
+        ge=1,
+        le=BEAM_SIZE_LIMIT,
+        description="the largest beam_size, and alternatives + 1, a request may ask (400 beyond it)",
     )
     default_length_penalty: float = Field(1.0, ge=0.0, le=5.0, description="as a request's length_penalty: 0 to 5")
-    max_output_tokens: int = Field(512, ge=1, description="absolute cap on generated tokens per sentence")
-    max_output_ratio: float = Field(2.0, gt=0, le=100, description="relative cap: ratio x source tokens + 10")
+    max_output_tokens: int = Field(
+        MAX_OUTPUT_TOKENS, ge=1, description="absolute cap on generated tokens per sentence"
+    )
+    max_output_ratio: float = Field(
+        MAX_OUTPUT_RATIO, gt=0, le=100, description="relative cap: ratio x source tokens + 10"
+    )
     max_sentence_tokens: int = Field(200, ge=8, description="longer sentences are split at punctuation/spaces")
     mask_symbols: bool = Field(
         True,

@@ -27,6 +27,11 @@ class SearchOptions:
     scored: bool = True  # the hypotheses' log-probabilities are read; a greedy search's are NaN without
 
 
+BEAM_SIZE_LIMIT = 16  # the most beams one search may take: the bound of MT_MAX_BEAM_SIZE and of evaluate's --beam-size
+MAX_OUTPUT_TOKENS = 512  # MT_MAX_OUTPUT_TOKENS' default: the most tokens a sentence's translation may take
+MAX_OUTPUT_RATIO = 2.0  # MT_MAX_OUTPUT_RATIO's default: a translation's tokens at most ratio x the source's + 10
+
+
 def output_cap(src_len: int, most: int, ratio: float) -> int:
     """The most tokens a sentence of `src_len` tokens may generate: `ratio` x src_len + 10, never past `most` (the
     server's MT_MAX_OUTPUT_RATIO and MT_MAX_OUTPUT_TOKENS; the engine measured beside it caps the same way)."""

@@ -180,6 +180,13 @@ class Manifest(_Strict):
     files: dict[str, FileEntry]
     provenance: dict[str, Any]
 
+    @field_validator("format_version", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would read true as 1
+            raise ValueError(f"must be a whole number, not {str(value).lower()}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
         if self.format_version < OLDEST_FORMAT_VERSION:
@@ -246,7 +253,9 @@ def load_model_folder(path: Path, verify_checksums: bool = True) -> ModelFolder:
 
 def _read_manifest(path: Path) -> Manifest:
     if not path.is_file():
-        raise ModelFolderError(f"{path}: missing manifest")
+        raise ModelFolderError(
+            f"{path}: missing: {path.parent} is not a model folder (`python -m model_export export` writes one)"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

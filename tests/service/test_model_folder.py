@@ -38,7 +38,7 @@ def test_missing_folder(tmp_path: Path) -> None:
 
 def test_missing_manifest(folder: Path) -> None:
     (folder / MANIFEST).unlink()
-    with pytest.raises(ModelFolderError, match="manifest.json: missing manifest"):
+    with pytest.raises(ModelFolderError, match="manifest.json: missing: .* is not a model folder"):
         load_model_folder(folder)
 
 
