@@ -1,7 +1,7 @@
-"""Argument types for every command line (the server's, model_export's, the benchmarks'): a number out of range is
-refused by argparse, which names the option and exits with status 2 before any work starts (a batch size of 0 or a
-negative limit once ran with a silent meaning of their own, a beam size of 0 ended in a traceback, and the server
-bound --port 70000 as 4464: asyncio takes a port modulo 65,536)."""
+"""Argument types and error lines for every command line (the server's, model_export's, the benchmarks'): a number
+out of range is refused by argparse, which names the option and exits with status 2 before any work starts, rather
+than running with a meaning of its own (a batch size of 0, a negative limit), ending in a traceback (a beam size of
+0) or binding another port (asyncio takes a port modulo 65,536: --port 70000 would bind 4464)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ port = _number(int, "a port", lambda v: 0 <= v <= 65535, "from 0 to 65535")  # 0
 
 
 def int_between(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: a whole number from `low` to `high` (evaluate's --beam-size 100000 once took 5.6 GB)."""
+    """An argparse type: a whole number from `low` to `high` (evaluate's --beam-size 100000 would take 5.6 GB)."""
     return _number(int, "a whole number", lambda v: low <= v <= high, f"from {low} to {high}")
 
 

@@ -364,9 +364,9 @@ class MetricsRecorder:
     """Stands in for Metrics in the engine process: `recorder.step_rows.labels(model).observe(v)` records the
     update for the server to replay on its registry. Updates are gathered per metric, labels and method until the
     outbox takes them: an observe's values as one list, an inc's amounts as their sum, a set as its last value.
-    At 32 clients the engine records ~5,000 updates a second (3 a step, 5 a sentence, 2 an encoder pass): one
-    entry each, made anew for every call, had cost the decoding thread 1.6 us per update (warm) and the server
-    1.75 us to replay it; gathered, 0.6-1.0 and 0.4-0.6 (docs/performance.md, the change table)."""
+    At 32 clients the engine records ~5,000 updates a second (3 a step, 5 a sentence, 2 an encoder pass): gathered,
+    an update costs the decoding thread 0.6-1.0 us and the server 0.4-0.6 us to replay, against 1.6 and 1.75 us for
+    an entry made anew for every call."""
 
     def __init__(self) -> None:
         self._pending: dict[tuple[str, tuple[str, ...], str], Any] = {}
