@@ -222,13 +222,33 @@ class Settings(BaseSettings):
     html_attributes: bool = Field(
         True,
         description="in HTML, translate the values of attributes people read (alt, title, placeholder, aria-label, "
-        "a button's value, a meta description: text/document.py ATTRIBUTES) besides the text between tags, and a "
+        "a button's value, a meta description: text/markup.py ATTRIBUTES) besides the text between tags, and a "
         "lang attribute of the source language says the target's (and the page's dir its direction)",
     )
     max_request_chars: int = Field(50_000, ge=1, description="total characters of q in one request (413)")
     max_request_items: int = Field(128, ge=1, description="strings in one request's q list (413)")
     max_request_sentences: int = Field(512, ge=1, description="sentences in one request after splitting (413)")
     max_body_bytes: int = Field(1_000_000, ge=1, description="request body size (413)")
+
+    # -- language detection --------------------------------------------------------------------
+    detect_languages: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="languages (ISO 639-1) /detect and source 'auto' know besides those the loaded models translate "
+        "from and into, so that a text in one of them is named, not taken for a served one (about 30 MB each with "
+        "high accuracy)",
+    )
+    detect_accuracy: Literal["high", "low"] = Field(
+        "high",
+        description="high: lingua's 1- to 5-gram models, right on short strings (95-97 % of the default model's "
+        "test strings; ~140 MB for two languages); low: trigrams only, ~40 MB for sixteen, weaker on short text",
+    )
+    detect_refuse_confidence: float = Field(
+        0.8,
+        ge=0.0,
+        le=1.0,
+        description="with source 'auto', a text detected with this confidence or more as a language no model "
+        "translates into the target is refused (400); below it, it goes to the likeliest served source",
+    )
 
     # -- access --------------------------------------------------------------------------------
     api_keys: Annotated[list[str], NoDecode] = Field(
@@ -246,7 +266,9 @@ class Settings(BaseSettings):
         default=True, description="a line a request at INFO (method, path, status, ms); false: none, other logs kept"
     )
 
-    @field_validator("models", "providers", "api_keys", "metadata_api_keys", "cors_origins", mode="before")
+    @field_validator(
+        "models", "providers", "api_keys", "metadata_api_keys", "cors_origins", "detect_languages", mode="before"
+    )
     @classmethod
     def _lists(cls, value: object, info: ValidationInfo) -> object:
         """A list from its variable's text. Set, MT_PROVIDERS and the key lists hold something: an empty

@@ -30,8 +30,11 @@ from service.api.answers import (
     RequestContext,
     error_answer,
 )
-from service.api.schemas import ErrorBody
+from service.api.detect import detect
+from service.api.schemas import DetectedLanguage, DetectRequest, ErrorBody
 from service.api.translate import (
+    FORM,
+    JSON,
     TranslateEndpoint,
     check_metadata_key,
     document_translate,
@@ -44,6 +47,7 @@ from service.errors import (
 from service.metrics import Metrics
 from service.scheduling.engine_process import EngineProcess
 from service.settings import Settings
+from service.text.detection import Detector
 from service.translation.registry import Registry, load_translators
 from service.translation.translator import Translator
 
@@ -54,6 +58,8 @@ THROUGHPUT_SAMPLE_SECONDS = 0.25
 
 
 
+DETECT_SCHEMA = DetectRequest.model_json_schema()  # /detect reads its body itself, as JSON or a form
+
 
 class State:
     """What the routes share: the loaded models, readiness and draining, and admission's counts."""
@@ -61,6 +67,7 @@ class State:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings, self.metrics = settings, metrics
         self.registry = Registry([])
+        self.detector = Detector([])  # the served languages' once the models are loaded
         self.ready = False
         self.draining = False  # SIGTERM seen: /ready and /translate answer 503 until the process exits
         self.handling = 0  # /translate requests admitted past the concurrency check and not yet answered
@@ -161,6 +168,7 @@ def create_app(
             if isinstance(translator.scheduler, EngineProcess):
                 translator.scheduler.on_exit = lambda name=translator.name: state.engine_exited(name)
         state.registry = Registry(loaded)
+        state.detector = detector_for(state.registry, settings)
         state.ready = not state.draining
         metrics.ready.set(int(state.ready))
         sampler = asyncio.ensure_future(sample_throughput(state))
@@ -223,6 +231,17 @@ def _add_routes(app: FastAPI, state: State) -> None:
     async def languages() -> list[dict[str, object]]:
         return state.registry.languages()
 
+    @app.post(
+        "/detect",
+        summary="Detect the language of a text or of a list of texts (LibreTranslate-compatible)",
+        responses={code: {"model": ErrorBody} for code in (400, 403, 413, 415, 422, 503)},
+        openapi_extra={
+            "requestBody": {"required": True, "content": {kind: {"schema": DETECT_SCHEMA} for kind in (JSON, FORM)}}
+        },
+    )
+    async def detect_route(request: Request) -> list[DetectedLanguage]:
+        return await detect(state, request)
+
     @app.get("/frontend/settings", summary="What a LibreTranslate front-end needs to know (LibreTranslate's format)")
     async def frontend_settings() -> dict[str, object]:
         return frontend_settings_of(state.registry.languages(), settings)
@@ -272,6 +291,14 @@ def _add_routes(app: FastAPI, state: State) -> None:
 
     for route in [r for r in app.routes if isinstance(r, APIRoute) and "GET" in r.methods]:  # uptime probes' HEAD
         app.add_api_route(route.path, route.endpoint, methods=["HEAD"], include_in_schema=False)
+
+
+def detector_for(registry: Registry, settings: Settings) -> Detector:
+    """The language detector over the served languages and MT_DETECT_LANGUAGES; its models load on first use."""
+    detector = Detector([*registry.languages_served(), *settings.detect_languages], settings.detect_accuracy)
+    if detector.unknown:
+        log.warning("language detection does not know %s: texts in them are taken for others", detector.unknown)
+    return detector
 
 
 def frontend_settings_of(languages: list[dict[str, object]], settings: Settings) -> dict[str, object]:

@@ -71,8 +71,18 @@ class TranslateRequest(BaseModel):
 
 
 class DetectedLanguage(BaseModel):
+    """A language a text may be in, and the detector's confidence in it, from 0 to 100 (LibreTranslate's scale)."""
+
     language: str
     confidence: float
+
+
+class DetectRequest(BaseModel):
+    """POST /detect's body, as LibreTranslate takes it. Unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    q: str | list[str] = Field(description="text, or a list of texts, whose language to detect")
+    api_key: str | None = Field(None, description="needed when the server has MT_API_KEYS")
 
 
 class Usage(BaseModel):

@@ -31,8 +31,9 @@ from service.errors import (
     TooLarge,
 )
 from service.settings import Settings
+from service.text.detection import auto_source
 from service.text.glossary import MAX_REQUEST_TERMS
-from service.translation.translator import TranslateOptions, Translation
+from service.translation.translator import INLINE_CHARS, TranslateOptions, Translation, off_loop
 
 if TYPE_CHECKING:
     from service.api.app import State  # only its type: app imports this module
@@ -200,7 +201,10 @@ async def translate(state: State, scope: Scope, receive: Receive) -> dict[str, A
     texts = [body.q] if isinstance(body.q, str) else body.q
     check_size(settings, texts)
     options = translate_options(settings, body)
-    translator, source = state.registry.pick(body.source, body.target, body.model)
+    source, detected = body.source, None
+    if source == "auto":
+        source, detected = await detected_source(state, texts, body.target, body.model)
+    translator = state.registry.pick(source, body.target, body.model)
     options = replace(options, glossary=translator.glossary(body.target, body.glossary))
     state.check_queue_wait(translator)
     state.metrics.in_flight.inc()
@@ -208,7 +212,19 @@ async def translate(state: State, scope: Scope, receive: Receive) -> dict[str, A
         result = await run_translation(receive, lambda: translator.translate(texts, body.target, options))
     finally:
         state.metrics.in_flight.dec()
-    return translate_response(body, result, source, translator.name).model_dump(exclude_none=True)
+    return translate_response(body, result, detected, translator.name).model_dump(exclude_none=True)
+
+
+async def detected_source(
+    state: State, texts: list[str], target: str, model: str | None
+) -> tuple[str, list[DetectedLanguage]]:
+    """`source: "auto"`: the served source language the texts are in (detection.auto_source), and each text's
+    detected language with its confidence; off the event loop for long texts."""
+    sources = state.registry.sources_into(target, model)
+    refuse_at, pairs = state.settings.detect_refuse_confidence, state.registry.pairs(model)
+    inline = sum(len(text) for text in texts) <= INLINE_CHARS
+    source, chosen = await off_loop(inline, auto_source, texts, sources, state.detector, refuse_at, target, pairs)
+    return source, [DetectedLanguage(language=c.language, confidence=round(c.confidence * 100, 2)) for c in chosen]
 
 
 def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOptions:
@@ -234,14 +250,16 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
     )
 
 
-def translate_response(body: TranslateRequest, result: Translation, source: str, model: str) -> TranslateResponse:
-    """The answer: one value per field for a string `q`, a list for a list."""
+def translate_response(
+    body: TranslateRequest, result: Translation, detected: list[DetectedLanguage] | None, model: str
+) -> TranslateResponse:
+    """The answer: one value per field for a string `q`, a list for a list; `detected`: each text's language when
+    the source was "auto"."""
     single = isinstance(body.q, str)
-    detected = DetectedLanguage(language=source, confidence=100.0) if body.source == "auto" else None
     return TranslateResponse(
         translatedText=result.texts[0] if single else result.texts,
         alternatives=result.alternatives[0] if single else result.alternatives,
-        detectedLanguage=detected if single or detected is None else [detected] * len(result.texts),
+        detectedLanguage=(detected[0] if single else detected) if detected is not None else None,
         scores=(result.scores[0] if single else result.scores) if body.return_scores else None,
         usage=Usage(
             input_tokens=result.input_tokens,

@@ -33,22 +33,40 @@ class Registry:
     def __init__(self, translators: list[Translator]) -> None:
         self.translators = {t.name: t for t in translators}
 
-    def pick(self, source: str, target: str, model: str | None) -> tuple[Translator, str]:
-        """-> (translator, resolved source language). 'auto' resolves when one source language fits."""
-        if model is not None:
-            if model not in self.translators:
-                raise NotFound(f"no model named {model!r}; loaded: {', '.join(sorted(self.translators))}")
-            candidates = [self.translators[model]]
-        else:
-            candidates = list(self.translators.values())
-        fitting = [t for t in candidates if target in t.target_languages and source in ("auto", t.source_language)]
-        sources = sorted({t.source_language for t in fitting})
+    def _candidates(self, model: str | None) -> list[Translator]:
+        if model is None:
+            return list(self.translators.values())
+        if model not in self.translators:
+            raise NotFound(f"no model named {model!r}; loaded: {', '.join(sorted(self.translators))}")
+        return [self.translators[model]]
+
+    def pairs(self, model: str | None = None) -> str:
+        """The language pairs served (by `model`), for messages: "en->fr, de->fr"."""
+        served = (f"{t.source_language}->{target}" for t in self._candidates(model) for target in t.target_languages)
+        return ", ".join(sorted(served))
+
+    def sources_into(self, target: str, model: str | None) -> list[str]:
+        """The source languages a model (`model`, if given) translates into `target`; InvalidRequest if none."""
+        sources = sorted({t.source_language for t in self._candidates(model) if target in t.target_languages})
+        if not sources:
+            raise InvalidRequest(f"no loaded model translates into {target}; available: {self.pairs(model)}")
+        return sources
+
+    def languages_served(self) -> list[str]:
+        """Every language a loaded model translates from or into."""
+        codes = {t.source_language for t in self.translators.values()}
+        return sorted(codes | {tl for t in self.translators.values() for tl in t.target_languages})
+
+    def pick(self, source: str, target: str, model: str | None) -> Translator:
+        """The model (`model`, if given) that translates `source` into `target`; InvalidRequest naming the pairs
+        served when none does."""
+        candidates = self._candidates(model)
+        fitting = [t for t in candidates if target in t.target_languages and source == t.source_language]
         if not fitting:
-            pairs = sorted(f"{t.source_language}->{tl}" for t in candidates for tl in t.target_languages)
-            raise InvalidRequest(f"language pair {source}->{target} is not supported; available: {', '.join(pairs)}")
-        if len(sources) > 1:
-            raise InvalidRequest(f"source 'auto' is ambiguous for target {target}: set source to one of {sources}")
-        return fitting[0], sources[0]
+            raise InvalidRequest(
+                f"language pair {source}->{target} is not supported; available: {self.pairs(model)}"
+            )
+        return fitting[0]
 
     def languages(self) -> list[dict[str, object]]:
         """LibreTranslate's /languages: one entry per language with the targets it can go to."""

@@ -108,11 +108,12 @@ def test_form_encoded_body_and_auto_source(client: TestClient, model_dir: Path) 
     response = client.post("/translate", data={"q": "Open the file.", "source": "auto", "target": "fr"})
     assert response.status_code == 200, response.text
     assert response.json()["translatedText"] == solo(model_dir, "Open the file.")
-    assert response.json()["detectedLanguage"] == {"language": "en", "confidence": 100.0}
+    detected = response.json()["detectedLanguage"]
+    assert detected["language"] == "en" and 50 < detected["confidence"] <= 100  # lingua's, on LibreTranslate's scale
     # a list q: one detected language a text, as LibreTranslate answers (Mastodon's client reads it so)
     texts = {"q": ["Open the file.", "Delete %d items?"], "source": "auto", "target": "fr"}
     listed = client.post("/translate", json=texts).json()
-    assert listed["detectedLanguage"] == [{"language": "en", "confidence": 100.0}] * 2
+    assert [d["language"] for d in listed["detectedLanguage"]] == ["en", "en"]
 
 
 @pytest.mark.parametrize("given", [None, ""])

@@ -159,6 +159,18 @@ def test_64_concurrent_requests_match_their_solo_translations(server: str, model
     assert metric(metrics, "mt_queue_depth", '{model="tiny-en-fr"}') == 0
 
 
+def test_libretranslates_own_python_client_works_unchanged(model_dir: Path) -> None:
+    """libretranslatepy, as LibreTranslate's users call it: translate, detect and languages, over real HTTP."""
+    from libretranslatepy import LibreTranslateAPI
+
+    with running_server(model_dir) as url:
+        client = LibreTranslateAPI(url + "/")
+        assert client.translate("Open the file.", "en", "fr") == solo(model_dir, "Open the file.")
+        found = client.detect("Le fichier est introuvable sur le disque, veuillez vérifier le chemin.")
+        assert found[0]["language"] == "fr" and 0 < found[0]["confidence"] <= 100
+        assert {lang["code"] for lang in client.languages()} == {"en", "fr"}
+
+
 def test_a_broken_model_folder_stops_the_start(model_dir: Path, tmp_path: Path) -> None:
     broken = Path(shutil.copytree(model_dir, tmp_path / model_dir.name))
     data = bytearray((broken / "decoder_step.onnx").read_bytes())
