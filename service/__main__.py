@@ -21,7 +21,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.api.answers import RequestIdFilter
-from service.api.app import State, create_app
+from service.api.app import create_app
+from service.api.state import State
 from service.arguments import os_error_line, port
 from service.errors import ServiceError
 from service.metrics import Metrics

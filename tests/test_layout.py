@@ -44,10 +44,12 @@ def runtime_imports(path: Path) -> set[str]:
 
 
 def top_level_imports(path: Path) -> set[str]:
-    """The modules a file imports as it loads (a circle among these fails at import time, or half-loaded)."""
+    """The modules a file imports as it loads (a circle among these fails at import time, or half-loaded), and
+    those it imports for its types alone (under TYPE_CHECKING: a circle there is one a reader still has to follow)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
-    for node in tree.body:
+    nodes = [*tree.body, *(n for b in tree.body if isinstance(b, ast.If) for n in b.body)]
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}

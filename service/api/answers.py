@@ -10,7 +10,7 @@ import re
 import time
 import uuid
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.state import State
 from service.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -32,9 +33,6 @@ from service.errors import (
     TooLarge,
 )
 from service.metrics import Metrics
-
-if TYPE_CHECKING:
-    from service.api.app import State  # only its type: app imports this module
 
 log = logging.getLogger(__name__)
 request_id: ContextVar[str] = ContextVar("request_id", default="-")

@@ -3,19 +3,15 @@ likely first, with confidences from 0 to 100."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from service.api.schemas import DetectedLanguage, DetectRequest
+from service.api.state import State
 from service.api.translate import check_items, check_key, check_size, read_payload
 from service.text.detection import Candidate, merged
 from service.translation.translator import INLINE_CHARS, off_loop
-
-if TYPE_CHECKING:
-    from service.api.app import State  # only its type: app imports this module
 
 
 async def detect(state: State, request: Request) -> list[DetectedLanguage]:

@@ -9,7 +9,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +25,7 @@ from service.api.answers import (
     error_answer,
 )
 from service.api.schemas import DetectedLanguage, ErrorBody, TranslateRequest, TranslateResponse, Usage
+from service.api.state import State
 from service.errors import (
     Forbidden,
     InvalidRequest,
@@ -34,9 +35,6 @@ from service.settings import Settings
 from service.text.detection import auto_source
 from service.text.glossary import MAX_REQUEST_TERMS
 from service.translation.translator import INLINE_CHARS, TranslateOptions, Translation, off_loop
-
-if TYPE_CHECKING:
-    from service.api.app import State  # only its type: app imports this module
 
 T = TypeVar("T")
 JSON, FORM = "application/json", "application/x-www-form-urlencoded"  # the media types /translate reads

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -14,19 +13,11 @@ from service.engine.batches import (
     pad_batch,
 )
 from service.engine.runtime import Memory
-from service.scheduling.jobs import SentenceJob
 from service.scheduling.placement import pin_thread
 
 MERGED_PASS_SENTENCES = 16  # the most sentences the encoder thread merges into one pass from its backlog
 
 
-@dataclass
-class Encoding:
-    """One encoder pass of newcomers of similar length, finished or in flight."""
-
-    jobs: list[SentenceJob]
-    src_mask: np.ndarray  # (b, S)
-    memory: Future[Memory]
 
 
 def mergeable(shortest: int, longest: int, ratio: float) -> bool:

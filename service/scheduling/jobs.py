@@ -1,18 +1,18 @@
 """What the scheduler is given: a request's sentences as jobs with their search options, the ticket that collects their
-hypotheses for the request, and the batch limits a job must fit."""
+hypotheses for the request, the batch limits a job must fit, and a bucket of jobs' encoder pass (Encoding)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from service.engine.decoding import Hypothesis, SearchOptions
+from service.engine.runtime import Memory
 from service.errors import ServiceError
-
-if TYPE_CHECKING:
-    from service.scheduling.encoder import Encoding  # only its type: the encoder imports this module
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,12 @@ class SentenceJob:
         if self.early is not None:
             self.early.memory.cancel()
             self.early = None
+
+
+@dataclass
+class Encoding:
+    """One encoder pass of newcomers of similar length, finished or in flight."""
+
+    jobs: list[SentenceJob]
+    src_mask: np.ndarray  # (b, S)
+    memory: Future[Memory]

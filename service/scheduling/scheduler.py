@@ -48,8 +48,8 @@ from service.engine.decoding import Search, SearchOptions, new_search
 from service.engine.runtime import Memory, Runtime
 from service.errors import DeadlineExceeded, InferenceError, Overloaded
 from service.metrics import Metrics
-from service.scheduling.encoder import EncoderThread, Encoding, mergeable
-from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket, fits
+from service.scheduling.encoder import EncoderThread, mergeable
+from service.scheduling.jobs import BatchLimits, Encoding, SentenceJob, Ticket, fits
 from service.scheduling.placement import Cores, pin_thread
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from functools import cached_property, partial
 from typing import NamedTuple
 
 from service.text.inline import (
-    Tagged,
+    Inline,
     atoms_fit,
     project,
     with_tags,
@@ -65,6 +65,30 @@ def _flag_or_nothing(match: re.Match[str]) -> str:
 
 def _black_flag_or_nothing(match: re.Match[str]) -> str:
     return match.group(1)[0] if match.group(1) else ""  # the flag without its tags
+
+
+@dataclass
+class Tagged:
+    """A sentence that inline elements run through. The sentence is translated whole, and `pieces`, its text
+    between tags as the sentences of a document of their own (what the tags split before), are translated too.
+    Each element goes around the words of the whole translation most like its own words' translation, or its
+    words as written (names, numbers); each element kept as written (`atoms`: code, samp, translate="no") stands
+    in the sentence as a placeholder and goes back where the translation has it. When an element finds no words,
+    they would not nest as the elements do, or a placeholder is not in the translation exactly once, the answer
+    is the pieces' translations between the tags and kept elements, as written. A sentence with elements has its
+    pieces translated with it (their translations are where its elements look for words: `eager`); one with kept
+    elements only, when the translation has no place for them (Document.unplaced): 32-37 of 500 test sentences
+    with a <code> element on the default model, where translating every one's pieces gave the server 414
+    requests/s against 547 so (plain text 563-570)."""
+
+    elements: list[Inline]
+    pieces: Document
+    first: int = 0  # where pieces.sentences start in the document's texts, if eager
+    atoms: dict[str, str] = field(default_factory=dict)  # placeholder -> an element kept as written, in its place
+
+    @property
+    def eager(self) -> bool:
+        return bool(self.elements)
 
 
 @dataclass(frozen=True)
@@ -175,7 +199,7 @@ class Document:
         if not tagged.eager:
             return with_tags(translation, [], [], tagged.atoms) if atoms_fit(translation, tagged.atoms, []) else None
         pieces = translations[tagged.first : tagged.first + len(tagged.pieces.sentences)]
-        spans = project(tagged, self.sentences[i], translation, pieces)
+        spans = project(tagged.elements, self.sentences[i], tagged.pieces.sentences, translation, pieces)
         if spans is None or not atoms_fit(translation, tagged.atoms, spans):
             return tagged.pieces.join(pieces)
         return with_tags(translation, tagged.elements, spans, tagged.atoms)

@@ -8,13 +8,9 @@ import html.entities
 import re
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from os.path import commonprefix
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from service.text.document import Document  # only its type: document imports this module
+from typing import NamedTuple
 
 _WORD = re.compile(r"\w+")
 _REACH = 24  # words either side of where an element stood that its words are looked for, when not found as such
@@ -33,36 +29,15 @@ class Inline(NamedTuple):
     parent: int | None
 
 
-@dataclass
-class Tagged:
-    """A sentence that inline elements run through. The sentence is translated whole, and `pieces`, its text
-    between tags as the sentences of a document of their own (what the tags split before), are translated too.
-    Each element goes around the words of the whole translation most like its own words' translation, or its
-    words as written (names, numbers); each element kept as written (`atoms`: code, samp, translate="no") stands
-    in the sentence as a placeholder and goes back where the translation has it. When an element finds no words,
-    they would not nest as the elements do, or a placeholder is not in the translation exactly once, the answer
-    is the pieces' translations between the tags and kept elements, as written. A sentence with elements has its
-    pieces translated with it (their translations are where its elements look for words: `eager`); one with kept
-    elements only, when the translation has no place for them (Document.unplaced): 32-37 of 500 test sentences
-    with a <code> element on the default model, where translating every one's pieces gave the server 414
-    requests/s against 547 so (plain text 563-570)."""
-
-    elements: list[Inline]
-    pieces: Document
-    first: int = 0  # where pieces.sentences start in the document's texts, if eager
-    atoms: dict[str, str] = field(default_factory=dict)  # placeholder -> an element kept as written, in its place
-
-    @property
-    def eager(self) -> bool:
-        return bool(self.elements)
-
-
-def project(tagged: Tagged, sentence: str, translation: str, pieces: Sequence[str]) -> list[tuple[int, int]] | None:
-    """Where each element goes in the translation: around the words most like its pieces' translation or its words
-    as written, the nearest to where it stood where several are; None if one has none, or they would not nest."""
-    where = _piece_spans(sentence, tagged.pieces.sentences)
+def project(
+    elements: list[Inline], sentence: str, sources: list[str], translation: str, pieces: Sequence[str]
+) -> list[tuple[int, int]] | None:
+    """Where each of a sentence's elements goes in its translation: around the words most like the translation
+    (`pieces`) of its pieces (`sources`: the sentence's text between tags) or its words as written, the nearest to
+    where it stood where several are; None if one has none, or they would not nest."""
+    where = _piece_spans(sentence, sources)
     spans: list[tuple[int, int]] = []
-    for element in tagged.elements:
+    for element in elements:
         start, end = trimmed(sentence, element.start, element.end)
         inner = " ".join(t for (a, b), t in zip(where, pieces, strict=True) if start <= a and b <= end)
         candidates = list(dict.fromkeys(c for c in (inner.strip(), sentence[start:end]) if c))
@@ -71,7 +46,7 @@ def project(tagged: Tagged, sentence: str, translation: str, pieces: Sequence[st
         if found is None:
             return None
         spans.append(found)
-    return spans if _nests(tagged.elements, spans) else None
+    return spans if _nests(elements, spans) else None
 
 
 def _piece_spans(sentence: str, pieces: list[str]) -> list[tuple[int, int]]:

@@ -21,12 +21,12 @@ from service.text.document import (
     Document,
     Reference,
     Source,
+    Tagged,
     split_text,
 )
 from service.text.inline import (
     NUMBERED,
     Inline,
-    Tagged,
     trimmed,
 )
 from service.text.sentences import (

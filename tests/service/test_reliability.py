@@ -27,7 +27,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.admission import Throughput
-from service.api.app import State, create_app
+from service.api.app import create_app
+from service.api.state import State
 from service.api.translate import TranslateEndpoint
 from service.metrics import Metrics
 from service.translation import translator as translator_module

@@ -9,8 +9,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service.errors import InvalidRequest, TooLarge
-from service.text.document import Document, clean, limit_sentence, model_input, split_text
-from service.text.inline import Inline, Tagged
+from service.text.document import Document, Tagged, clean, limit_sentence, model_input, split_text
+from service.text.inline import Inline
 from service.text.markup import split, split_html
 
 FAST = settings(max_examples=150, deadline=None)
