@@ -81,6 +81,9 @@ SPECS = (
          "Requests whose client went away; their rows were dropped.", M, per_model=True),
     Spec("inference_errors", "counter", "mt_inference_errors_total",
          "Batches whose graph run failed (their requests got 500).", M, per_model=True),
+    Spec("files", "counter", "mt_files_total",
+         "Files sent to /translate_file, by format (their extension) and outcome: translated, refused (4xx), failed.",
+         ("format", "outcome")),
     Spec("model_info", "gauge", "mt_model_info", "Loaded models (value 1).", ("model", "version", "variant",
          "provider")),
     Spec("ready", "gauge", "mt_ready", "1 when warmed up and admitting requests."),
@@ -110,6 +113,7 @@ class Metrics:
     deadline_expired: Counter
     cancelled: Counter
     inference_errors: Counter
+    files: Counter
     model_info: Gauge
     ready: Gauge
 

@@ -250,6 +250,26 @@ class Settings(BaseSettings):
         "translates into the target is refused (400); below it, it goes to the likeliest served source",
     )
 
+    # -- files (POST /translate_file) ----------------------------------------------------------
+    max_file_bytes: int = Field(10_000_000, ge=1, description="size of a file sent to /translate_file (413)")
+    max_file_units: int = Field(20_000, ge=1, description="strings (units) in one file to translate (413)")
+    file_fuzzy: bool = Field(
+        True,
+        description="mark machine-translated entries as needing review where the format can (a .po entry fuzzy, "
+        "an XLIFF target's state); a request's `fuzzy` field overrides it",
+    )
+    file_store_dir: Path | None = Field(
+        None,
+        description="where translated files wait for download (translatedFileUrl); replicas behind one balancer "
+        "share it so that any of them serves a download; unset: a folder of its own under the system's temp dir",
+    )
+    file_store_seconds: float = Field(
+        900.0, gt=0, le=A_DAY, description="how long a translated file can be downloaded; then it is deleted"
+    )
+    file_store_bytes: int = Field(
+        512_000_000, ge=1, description="the most bytes of translated files kept; the oldest go first"
+    )
+
     # -- access --------------------------------------------------------------------------------
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="if set, /translate needs one of these keys (api_key field)"

@@ -92,8 +92,10 @@ class RequestContext:
         body_timeout: float,
         access_log: bool = True,
         paths: frozenset[str] = frozenset(),
+        body_bytes: dict[str, int] | None = None,
     ) -> None:
         self.app, self.metrics, self.max_body_bytes, self.body_timeout = app, metrics, max_body_bytes, body_timeout
+        self.body_bytes = body_bytes or {}  # a path's own body limit (/translate_file's), else max_body_bytes
         self.access_log = access_log
         self.paths = paths  # the app's routes: a request refused here, before routing, is labelled with its own
 
@@ -115,13 +117,12 @@ class RequestContext:
 
         try:
             length = headers.get(b"content-length", b"0")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                response = rejection(
-                    self.metrics, TooLarge(f"the body is {int(length)} bytes; the limit is {self.max_body_bytes}")
-                )
+            limit = self.body_bytes.get(scope["path"], self.max_body_bytes)
+            if length.isdigit() and int(length) > limit:
+                response = rejection(self.metrics, TooLarge(f"the body is {int(length)} bytes; the limit is {limit}"))
                 await response(scope, receive, send_with_id)
             else:
-                guarded = BodyGuard(receive, self.max_body_bytes, self.body_timeout)
+                guarded = BodyGuard(receive, limit, self.body_timeout)
                 await self.app(scope, guarded, send_with_id)
         finally:
             route = scope.get("route")

@@ -28,6 +28,7 @@ from service.api.answers import (
     error_answer,
 )
 from service.api.detect import detect
+from service.api.files import download_file, translate_file_route
 from service.api.schemas import DetectedLanguage, DetectRequest, ErrorBody
 from service.api.state import State, sample_throughput
 from service.api.translate import (
@@ -41,6 +42,7 @@ from service.engine.sessions import decoder_streams, intra_op_threads
 from service.errors import (
     ServiceError,
 )
+from service.files import formats
 from service.metrics import Metrics
 from service.scheduling.engine_process import EngineProcess
 from service.settings import Settings
@@ -52,7 +54,22 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+MULTIPART_BYTES = 64 * 1024  # a /translate_file body's form fields and part headers, besides the file
 DETECT_SCHEMA = DetectRequest.model_json_schema()  # /detect reads its body itself, as JSON or a form
+FILE_SCHEMA = {  # /translate_file's form, as LibreTranslate's (file, source, target, api_key) and ours
+    "type": "object",
+    "required": ["file", "target"],
+    "properties": {
+        "file": {"type": "string", "format": "binary", "description": "the file; its extension says its format"},
+        "source": {"type": "string", "default": "auto"},
+        "target": {"type": "string"},
+        "api_key": {"type": "string"},
+        "fuzzy": {"type": "boolean", "description": "mark machine translations for review (MT_FILE_FUZZY)"},
+        "overwrite": {"type": "boolean", "default": False, "description": "translate translated entries again"},
+        "response": {"type": "string", "enum": ["url", "file"], "default": "url"},
+        "model": {"type": "string"},
+    },
+}
 
 
 def create_app(
@@ -115,6 +132,7 @@ def create_app(
         body_timeout=settings.body_timeout_seconds,
         access_log=settings.access_log,
         paths=frozenset([TranslateEndpoint.path, *(getattr(route, "path", "") for route in app.routes)]),
+        body_bytes={"/translate_file": max(settings.max_body_bytes, settings.max_file_bytes + MULTIPART_BYTES)},
     )
     return app
 
@@ -146,6 +164,29 @@ def _add_routes(app: FastAPI, state: State) -> None:
     )
     async def detect_route(request: Request) -> list[DetectedLanguage]:
         return await detect(state, request)
+
+    @app.post(
+        "/translate_file",
+        summary="Translate a localisation file or document (LibreTranslate-compatible)",
+        response_model=None,
+        responses={
+            200: {"description": '{"translatedFileUrl": "..."}, or with response=file the file itself'},
+            **{code: {"model": ErrorBody} for code in (400, 403, 404, 413, 503, 504)},
+        },
+        openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": FILE_SCHEMA}}}},
+    )
+    async def translate_file(request: Request) -> Response:
+        return await translate_file_route(state, request)
+
+    @app.get(
+        "/download_file/{token}/{filename}",
+        name="download_file",
+        summary="A translated file, while the store keeps it (MT_FILE_STORE_SECONDS)",
+        response_class=Response,
+        responses={404: {"model": ErrorBody}},
+    )
+    async def download(token: str, filename: str) -> Response:
+        return await download_file(state, token, filename)
 
     @app.get("/frontend/settings", summary="What a LibreTranslate front-end needs to know (LibreTranslate's format)")
     async def frontend_settings() -> dict[str, object]:
@@ -207,9 +248,9 @@ def detector_for(registry: Registry, settings: Settings) -> Detector:
 
 
 def frontend_settings_of(languages: list[dict[str, object]], settings: Settings) -> dict[str, object]:
-    """LibreTranslate's GET /frontend/settings: its character limit, timeout and key requirement, no suggestions and
-    no file translation (not offered yet), and the default pair: the first language with targets and its first
-    target."""
+    """LibreTranslate's GET /frontend/settings: its character limit, timeout and key requirement, no suggestions,
+    file translation and its formats (the extensions service/files reads), and the default pair: the first language
+    with targets and its first target."""
     source = next((lang for lang in languages if lang["targets"]), languages[0])
     targets = source["targets"]
     target = next((lang for lang in languages if targets and lang["code"] == targets[0]), source)  # type: ignore[index]
@@ -219,8 +260,8 @@ def frontend_settings_of(languages: list[dict[str, object]], settings: Settings)
         "apiKeys": bool(settings.api_keys),
         "keyRequired": bool(settings.api_keys),
         "suggestions": False,
-        "filesTranslation": False,
-        "supportedFilesFormat": [],
+        "filesTranslation": True,
+        "supportedFilesFormat": formats(),
         "language": {
             "source": {"code": source["code"], "name": source["name"]},
             "target": {"code": target["code"], "name": target["name"]},

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from service.api.admission import Throughput
+from service.api.file_store import FileStore
 from service.errors import (
     Overloaded,
 )
@@ -30,6 +31,7 @@ class State:
         self.settings, self.metrics = settings, metrics
         self.registry = Registry([])
         self.detector = Detector([])  # the served languages' once the models are loaded
+        self.file_store = FileStore(settings.file_store_dir, settings.file_store_seconds, settings.file_store_bytes)
         self.ready = False
         self.draining = False  # SIGTERM seen: /ready and /translate answer 503 until the process exits
         self.handling = 0  # /translate requests admitted past the concurrency check and not yet answered
