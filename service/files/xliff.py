@@ -1,0 +1,96 @@
+"""XLIFF 1.2 and 2.0: every unit's source translated into its target, ids, groups, notes and the rest kept; units
+already translated, and those marked translate="no", left alone; inline elements (1.2: <g>, <mrk> around words,
+<x/>, <bx/>, <ex/>, <ph>, <bpt>, <ept>, <it> kept whole; 2.0: <pc>, <mrk> around words, <ph/>, <sc/>, <ec/>, <cp/>
+kept whole) where the translation puts them. A machine translation is marked for review: 1.2's target
+state="needs-review-translation" state-qualifier="mt-suggestion", 2.0's segment state="translated"
+subState="mt:machine-translated"; with fuzzy off, "translated" alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lxml import etree
+
+from service.files.catalogue import FileError, FileOptions, Item
+from service.files.segments import fill_element, of_element
+from service.files.xml import local, parsed, serialised
+
+XLIFF_1, XLIFF_2 = "urn:oasis:names:tc:xliff:document:1.2", "urn:oasis:names:tc:xliff:document:2.0"
+PAIRED = frozenset({"g", "mrk", "pc"})  # inline elements whose content is text to translate
+UNTRANSLATED_STATES = frozenset({"new", "needs-translation", "initial"})
+
+
+class Xliff:
+    name, suffixes, media_type = "xliff", (".xlf", ".xliff"), "application/xliff+xml"
+
+    def __init__(self, data: bytes, filename: str, target: str, options: FileOptions) -> None:
+        self.root = parsed(data, filename, "an XLIFF file")
+        self.options, self.target = options, target
+        self.namespace = etree.QName(self.root).namespace
+        if local(self.root) != "xliff" or self.namespace not in (XLIFF_1, XLIFF_2):
+            raise FileError(400, f"{filename}: not XLIFF 1.2 or 2.0 (the root is {self.root.tag})")
+        pairs = self._pairs_1() if self.namespace == XLIFF_1 else self._pairs_2()
+        todo = [(holder, source) for holder, source, done in pairs if not (done and options.only_untranslated)]
+        self.units, self.kept = len(pairs), len(pairs) - len(todo)
+        self.items = [Item([of_element(source, _paired)], (holder, source)) for holder, source in todo]
+
+    def _q(self, name: str) -> str:
+        return f"{{{self.namespace}}}{name}"
+
+    def _pairs_1(self) -> list[tuple[Any, Any, bool]]:
+        """(trans-unit, its source, translated already) for each unit to translate."""
+        for file in self.root.iter(self._q("file")):
+            file.set("target-language", file.get("target-language") or self.target)
+        found = []
+        for unit in self.root.iter(self._q("trans-unit")):
+            source = unit.find(self._q("source"))
+            if unit.get("translate") == "no" or source is None or not "".join(source.itertext()).strip():
+                continue
+            target = unit.find(self._q("target"))
+            done = target is not None and bool("".join(target.itertext()).strip())
+            found.append((unit, source, done and target.get("state") not in UNTRANSLATED_STATES))
+        return found
+
+    def _pairs_2(self) -> list[tuple[Any, Any, bool]]:
+        """(segment, its source, translated already) for each segment of a unit to translate."""
+        self.root.set("trgLang", self.root.get("trgLang") or self.target)
+        found = []
+        for unit in self.root.iter(self._q("unit")):
+            if unit.get("translate") == "no":
+                continue
+            for segment in unit.iter(self._q("segment")):
+                source = segment.find(self._q("source"))
+                if source is None or not "".join(source.itertext()).strip():
+                    continue
+                target = segment.find(self._q("target"))
+                done = target is not None and bool("".join(target.itertext()).strip())
+                found.append((segment, source, done and segment.get("state") not in UNTRANSLATED_STATES))
+        return found
+
+    def put(self, item: Item, translations: list[str]) -> None:
+        holder, source = item.at
+        target = holder.find(self._q("target"))
+        if target is None:
+            target = etree.Element(self._q("target"))
+            source.addnext(target)
+            target.tail = source.tail
+        fill_element(target, item.sources[0], translations[0])
+        if self.namespace == XLIFF_1:
+            target.set("state", "needs-review-translation" if self.options.fuzzy else "translated")
+            if self.options.fuzzy:
+                target.set("state-qualifier", "mt-suggestion")
+            else:
+                target.attrib.pop("state-qualifier", None)
+        else:
+            holder.set("state", "translated")
+            if self.options.fuzzy:
+                holder.set("subState", "mt:machine-translated")
+            else:
+                holder.attrib.pop("subState", None)
+
+    def dump(self) -> bytes:
+        return serialised(self.root)
+
+
+def _paired(element: Any) -> bool:
+    return local(element) in PAIRED

@@ -1,0 +1,118 @@
+"""POST /translate_file end to end on the tiny model: LibreTranslate's multipart request, the download link (and the
+file in the answer itself), the same strings' translations as /translate gives, and clear 4xx for bad files."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from translate.storage import pypo
+
+from service.api.app import create_app
+from service.files.segments import Segment
+from service.settings import Settings
+
+PO = b"""msgid ""
+msgstr ""
+"Content-Type: text/plain; charset=UTF-8\\n"
+
+#: app.c:1
+msgid "Open the file."
+msgstr ""
+
+msgid "Save %s as a new file."
+msgstr ""
+
+msgid "Done"
+msgstr "Fait"
+"""
+
+
+def settings_for(model_dir: Path, tmp_path: Path, **changes: object) -> Settings:
+    return Settings(
+        models_dir=model_dir.parent, models=[model_dir.name], intra_op_threads=1, file_store_dir=tmp_path / "store",
+        **changes,
+    )
+
+
+@pytest.fixture
+def client(model_dir: Path, tmp_path: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(settings_for(model_dir, tmp_path))) as c:
+        yield c
+
+
+def send(client: TestClient, name: str, data: bytes, **fields: str) -> object:
+    return client.post("/translate_file", files={"file": (name, data)}, data={"source": "en", "target": "fr", **fields})
+
+
+def test_a_catalogue_comes_back_translated_by_its_link(client: TestClient) -> None:
+    answer = send(client, "app.po", PO)
+    assert answer.status_code == 200, answer.text
+    url = answer.json()["translatedFileUrl"]
+    assert url.startswith("http://testserver/download_file/") and url.endswith("/app.po")
+    download = client.get(url)
+    assert download.status_code == 200 and "app.po" in download.headers["content-disposition"]
+    store = pypo.pofile.parsestring(download.content)
+    targets = {u.source: u.target for u in store.units if not u.isheader()}
+    # what /translate's HTML mode gives for the same strings with their placeholders kept as elements
+    sources = ["Open the file.", "Save %s as a new file."]
+    markup = [Segment.of_text(text).markup for text in sources]
+    answer = client.post("/translate", json={"q": markup, "source": "en", "target": "fr", "format": "html"}).json()
+    assert [targets[text] for text in sources] == [Segment("").text(t) for t in answer["translatedText"]]
+    assert "%s" in targets["Save %s as a new file."]
+    assert targets["Done"] == "Fait"
+    assert all(u.isfuzzy() for u in store.units if u.source in ("Open the file.", "Save %s as a new file."))
+
+
+def test_the_file_in_the_answer_itself_and_options(client: TestClient) -> None:
+    answer = send(client, "app.po", PO, response="file", fuzzy="false", overwrite="true")
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/x-gettext-translation")
+    store = pypo.pofile.parsestring(answer.content)
+    done = next(u for u in store.units if u.source == "Done")
+    assert not any(u.isfuzzy() for u in store.units) and done.target != "Fait"
+
+
+def test_auto_source_reads_the_file(client: TestClient) -> None:
+    answer = send(client, "app.po", PO, source="auto")
+    assert answer.status_code == 200, answer.text
+
+
+def test_bad_requests_get_clear_errors(client: TestClient, model_dir: Path, tmp_path: Path) -> None:
+    unknown = send(client, "a.docx", b"PK")
+    assert unknown.status_code == 400 and ".po" in unknown.json()["error"]
+    broken = send(client, "a.po", b'msgid "x\nmsgstr')
+    assert broken.status_code == 400 and "not a valid gettext" in broken.json()["error"]
+    assert client.post("/translate_file", data={"target": "fr"}).status_code == 400
+    assert send(client, "a.po", PO, target="").status_code == 400
+    assert send(client, "a.po", PO, target="de").status_code == 400
+    assert send(client, "a.po", PO, fuzzy="maybe").status_code == 400
+    assert client.get("/download_file/nope/a.po").status_code == 404
+    with TestClient(create_app(settings_for(model_dir, tmp_path, max_file_bytes=100))) as small:
+        assert send(small, "a.po", PO).status_code == 413
+        big = small.post("/translate_file", files={"file": ("a.po", b"x" * 200_000)}, data={"target": "fr"})
+        assert big.status_code == 413
+
+
+def test_a_link_expires(model_dir: Path, tmp_path: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir, tmp_path, file_store_seconds=0.5))) as c:
+        url = send(c, "app.po", PO).json()["translatedFileUrl"]
+        assert c.get(url).status_code == 200
+        time.sleep(0.6)
+        assert c.get(url).status_code == 404
+        assert not list((tmp_path / "store").glob("*.bin"))  # swept
+
+
+def test_files_are_counted_by_format_and_outcome(client: TestClient) -> None:
+    send(client, "app.po", PO)
+    send(client, "a.po", b'msgid "x\nmsgstr')
+    metrics = client.get("/metrics").text
+    assert 'mt_files_total{format="po",outcome="translated"} 1.0' in metrics
+    assert 'mt_files_total{format="po",outcome="refused"} 1.0' in metrics
+
+
+def test_frontend_settings_offer_the_formats(client: TestClient) -> None:
+    body = client.get("/frontend/settings").json()
+    assert body["filesTranslation"] is True and ".po" in body["supportedFilesFormat"]
