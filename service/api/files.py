@@ -6,8 +6,6 @@ MT_FILE_STORE_SECONDS, or in the answer itself with `response=file`."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
-from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from fastapi import Request
@@ -20,14 +18,8 @@ from service.api.translate import check_key
 from service.errors import InvalidRequest, NotFound, ServiceError, TooLarge
 from service.files import FileError, FileOptions, formats, source_texts, translate_file
 from service.text.detection import auto_source
-from service.translation.translator import TranslateOptions, Translator
+from service.translation.bulk import translated_texts
 
-if TYPE_CHECKING:
-    from service.settings import Settings
-
-CHUNK_TEXTS = 64  # a file's strings go to the translator in requests of this many at most ...
-CHUNK_CHARS = 16_000  # ... and of this many characters
-CHUNKS_IN_FLIGHT = 4  # requests of one file in the queue at once: enough to fill a batch, not to fill the queue
 DETECTED_TEXTS = 200  # with source "auto", the strings of the file the detector reads
 FIELDS = frozenset({"file", "source", "target", "api_key", "fuzzy", "overwrite", "response", "model"})
 TRUE, FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
@@ -109,49 +101,10 @@ async def download_file(state: State, token: str, filename: str) -> Response:
     return Response(stored.data, media_type=stored.media_type, headers={"Content-Disposition": disposition})
 
 
-async def translated_texts(
-    translator: Translator, texts: list[str], target: str, html: bool, settings: Settings
-) -> list[str]:
-    """`texts` translated in requests of CHUNK_TEXTS texts and CHUNK_CHARS characters at most, CHUNKS_IN_FLIGHT of
-    them queued at once, so that a file's strings share the engine's batches; a request with more sentences than a
-    request may have is split in two until it fits. The first failure fails the whole file."""
-    options = TranslateOptions(
-        beam_size=settings.default_beam_size, length_penalty=settings.default_length_penalty, html=html
-    )
-    options = replace(options, glossary=translator.glossary(target, None))
-    gate = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
-
-    async def one(chunk: list[str]) -> list[str]:
-        async with gate:
-            return await fitted(translator, chunk, target, options)
-
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(one(chunk)) for chunk in chunked(texts)]
-    return [text for task in tasks for text in task.result()]
 
 
-async def fitted(translator: Translator, texts: list[str], target: str, options: TranslateOptions) -> list[str]:
-    try:
-        return (await translator.translate(texts, target, options)).texts
-    except TooLarge:
-        if len(texts) == 1:
-            raise
-        half = len(texts) // 2
-        return await fitted(translator, texts[:half], target, options) + await fitted(
-            translator, texts[half:], target, options
-        )
 
 
-def chunked(texts: list[str]) -> list[list[str]]:
-    chunks: list[list[str]] = [[]]
-    chars = 0
-    for text in texts:
-        if chunks[-1] and (len(chunks[-1]) >= CHUNK_TEXTS or chars + len(text) > CHUNK_CHARS):
-            chunks.append([])
-            chars = 0
-        chunks[-1].append(text)
-        chars += len(text)
-    return [chunk for chunk in chunks if chunk]
 
 
 def known_suffix(filename: str) -> str:
