@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.errors import TooLarge
+from service.errors import InferenceError, TooLarge
 
 log = logging.getLogger(__name__)
 TOKEN_BYTES = 16  # 128 random bits: a download URL cannot be guessed
@@ -43,8 +43,15 @@ class FileStore:
         self.sweep(room=len(data))
         token = secrets.token_urlsafe(TOKEN_BYTES)
         record = {"filename": filename, "media_type": media_type, "expires": time.time() + self.seconds}
-        _write_atomically(self._data(token), data)
-        _write_atomically(self._record(token), json.dumps(record).encode("utf-8"))
+        try:
+            _write_atomically(self._data(token), data)
+            _write_atomically(self._record(token), json.dumps(record).encode("utf-8"))
+        except OSError as error:
+            self._delete(token)
+            raise InferenceError(
+                f"the download store cannot keep the translated file ({error.strerror}, MT_FILE_STORE_DIR="
+                f"{self.folder}): ask for it in the answer itself (response=file)"
+            ) from None
         return token
 
     def get(self, token: str) -> StoredFile | None:

@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--server", help="a running server's URL, e.g. http://127.0.0.1:8000")
     where.add_argument("--models-dir", type=Path, help="translate in this process with the model folders here")
-    parser.add_argument("--api-key", default=os.environ.get("MT_API_KEY"), help="for a server with MT_API_KEYS")
+    parser.add_argument("--api-key", help="a key of the server's MT_API_KEYS, where it has them")
     parser.add_argument("--out", type=Path, help="write here (a folder for several files) instead of in place")
     parser.add_argument("--fuzzy", action=argparse.BooleanOptionalAction, default=True,
                         help="mark machine translations for review where the format can (default: yes)")
