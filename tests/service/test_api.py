@@ -19,6 +19,7 @@ from service.api.app import create_app
 from service.engine.batches import TokenRules, decode_batch
 from service.engine.decoding import SearchOptions
 from service.engine.runtime import OnnxRuntime
+from service.files import formats
 from service.model.folder import load_model_folder
 from service.model.tokenizer import Tokenizer
 from service.settings import Settings
@@ -570,7 +571,8 @@ def test_a_request_whose_inline_tags_make_too_many_sentences_says_so(model_dir: 
 
 def test_frontend_settings_answer_in_libretranslates_shape(model_dir: Path) -> None:
     """GET /frontend/settings as LibreTranslate's front-ends read it: the limits come from the settings, a key is
-    required when MT_API_KEYS is set, no file translation is offered, and the default pair is one the server has."""
+    required when MT_API_KEYS is set, file translation is offered with the formats service/files reads, and the
+    default pair is one the server has."""
     with TestClient(create_app(settings_for(model_dir, max_request_chars=1234, request_timeout_seconds=2.5))) as c:
         answer = c.get("/frontend/settings")
     assert answer.status_code == 200
@@ -580,8 +582,8 @@ def test_frontend_settings_answer_in_libretranslates_shape(model_dir: Path) -> N
         "apiKeys": False,
         "keyRequired": False,
         "suggestions": False,
-        "filesTranslation": False,
-        "supportedFilesFormat": [],
+        "filesTranslation": True,
+        "supportedFilesFormat": formats(),
         "language": {"source": {"code": "en", "name": "English"}, "target": {"code": "fr", "name": "French"}},
     }
     with TestClient(create_app(settings_for(model_dir, api_keys=["k1"]))) as c:
