@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Protocol
 
-from service.files import android, documents, gettext, messages, properties, xliff
+from service.files import android, documents, gettext, messages, office, properties, xliff
 from service.files.catalogue import Catalogue, FileError, FileOptions
 
 HANDLERS = (
@@ -20,6 +20,8 @@ HANDLERS = (
     documents.Subtitles,
     documents.PlainText,
     documents.Html,
+    office.Docx,
+    office.Odt,
 )
 
 
@@ -34,7 +36,7 @@ class TranslatedFile:
     data: bytes
     filename: str
     media_type: str
-    format: str  # the format's short name: po, xliff, android, json, properties, strings, srt, txt, html
+    format: str  # the format's short name: po, xliff, android, json, properties, strings, srt, txt, html, docx, odt
     units: int  # strings the file holds
     translated: int  # translated now
     kept: int  # left as they were (already translated, or marked not to translate)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import zipfile
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -213,7 +214,7 @@ def test_source_texts_are_the_strings_to_translate() -> None:
 @pytest.mark.parametrize(
     ("name", "data", "status", "words"),
     [
-        ("a.docx", b"PK", 400, "send one of .po"),
+        ("a.pdf", b"%PDF", 400, "send one of .po"),
         ("a.po", b'msgid "x\nmsgstr', 400, "not a valid gettext"),
         ("a.json", b"{\"a\": ", 400, "not valid JSON"),
         ("a.json", b"[1, 2]", 400, "JSON object"),
@@ -278,3 +279,74 @@ def test_broken_files_raise_file_error_only(name: str, cut: int, junk: bytes) ->
 def test_formats_are_listed() -> None:
     assert {".po", ".pot", ".xlf", ".xliff", "strings.xml", ".json", ".properties", ".strings", ".srt", ".txt",
             ".html"} <= set(formats())
+
+
+def zipped(entries: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    return out.getvalue()
+
+
+OOXML = "http://schemas.openxmlformats.org"
+DOCX_TYPES = (
+    f'<?xml version="1.0" encoding="UTF-8"?><Types xmlns="{OOXML}/package/2006/content-types">'
+    '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
+    '<Default Extension="xml" ContentType="application/xml"/><Override PartName="/word/document.xml" '
+    'ContentType="application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>'
+).encode()
+DOCX_RELS = (
+    f'<?xml version="1.0" encoding="UTF-8"?><Relationships xmlns="{OOXML}/package/2006/relationships">'
+    f'<Relationship Id="rId1" Type="{OOXML}/officeDocument/2006/relationships/officeDocument" '
+    'Target="word/document.xml"/></Relationships>'
+).encode()
+DOCX_BODY = (
+    f'<?xml version="1.0" encoding="UTF-8"?><w:document xmlns:w="{OOXML}/wordprocessingml/2006/main"><w:body>'
+    '<w:p><w:pPr><w:pStyle w:val="Title"/></w:pPr><w:r><w:rPr><w:b/></w:rPr><w:t>Save </w:t></w:r>'
+    "<w:r><w:t>the file.</w:t></w:r></w:p><w:p><w:r><w:t>Open %s now.</w:t></w:r></w:p></w:body></w:document>"
+).encode()
+
+
+def test_docx_paragraphs_keep_their_style() -> None:
+    import docx
+
+    data = zipped({"[Content_Types].xml": DOCX_TYPES, "_rels/.rels": DOCX_RELS, "word/document.xml": DOCX_BODY})
+    result = translate_file(data, "report.docx", "fr", loud, FileOptions())
+    document = docx.Document(io.BytesIO(result.data))
+    assert [p.text for p in document.paragraphs] == ["SAVE THE FILE.", "OPEN %s NOW."]
+    assert document.paragraphs[0]._p.pPr.pStyle.val == "Title" and document.paragraphs[0].runs[0].bold
+    assert result.media_type.endswith("wordprocessingml.document") and result.translated == 2
+
+
+ODF = "urn:oasis:names:tc:opendocument:xmlns"
+ODT_CONTENT = (
+    f'<?xml version="1.0" encoding="UTF-8"?><office:document-content xmlns:office="{ODF}:office:1.0" '
+    f'xmlns:text="{ODF}:text:1.0"><office:body><office:text><text:h text:outline-level="1">Title</text:h>'
+    '<text:p>Read <text:span text:style-name="T1">this</text:span><text:s/>now.<text:line-break/>Bye.</text:p>'
+    "</office:text></office:body></office:document-content>"
+).encode()
+
+
+def test_odt_keeps_spans_spaces_and_breaks() -> None:
+    data = zipped({"mimetype": b"application/vnd.oasis.opendocument.text", "content.xml": ODT_CONTENT})
+    result = translate_file(data, "notes.odt", "fr", loud, FileOptions())
+    archive = zipfile.ZipFile(io.BytesIO(result.data))
+    assert archive.namelist()[0] == "mimetype"
+    assert archive.read("mimetype") == b"application/vnd.oasis.opendocument.text"
+    root = etree.fromstring(archive.read("content.xml"))
+    text = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
+    heading, paragraph = root.find(f".//{{{text}}}h"), root.find(f".//{{{text}}}p")
+    assert heading.text == "TITLE" and heading.get(f"{{{text}}}outline-level") == "1"
+    kinds = [etree.QName(child).localname for child in paragraph]
+    assert kinds == ["span", "s", "line-break"] and paragraph[0].text == "THIS"
+    assert "".join(paragraph.itertext()) == "READ THISNOW.BYE."
+
+
+def test_an_archive_bomb_is_refused_before_it_is_read() -> None:
+    bomb = zipped({"content.xml": b"<a/>" + b" " * 300_000_000})
+    with pytest.raises(FileError, match="over the limits") as raised:
+        translate_file(bomb, "big.odt", "fr", loud, FileOptions(max_bytes=50_000_000))
+    assert raised.value.status == 413
+    with pytest.raises(FileError, match="not a docx document"):
+        translate_file(b"PK\x03\x04 broken", "a.docx", "fr", loud, FileOptions())
