@@ -81,7 +81,7 @@ def test_auto_source_reads_the_file(client: TestClient) -> None:
 
 
 def test_bad_requests_get_clear_errors(client: TestClient, model_dir: Path, tmp_path: Path) -> None:
-    unknown = send(client, "a.docx", b"PK")
+    unknown = send(client, "a.pdf", b"%PDF")
     assert unknown.status_code == 400 and ".po" in unknown.json()["error"]
     broken = send(client, "a.po", b'msgid "x\nmsgstr')
     assert broken.status_code == 400 and "not a valid gettext" in broken.json()["error"]
