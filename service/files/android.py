@@ -11,19 +11,11 @@ from typing import Any
 
 from lxml import etree
 
-from service.files.catalogue import FileError, FileOptions, Item
+from service.files.catalogue import FileError, FileOptions, Item, plural_categories
 from service.files.segments import Segment, fill_element, of_element
 from service.files.xml import local, parsed, serialised
 
 PAIRED = frozenset({"b", "i", "u", "a", "em", "strong", "font", "span", "annotation", "big", "small", "sup", "sub"})
-# CLDR's plural categories of each language (integers), for the quantities a translated <plurals> needs
-QUANTITIES = {
-    "ar": ("zero", "one", "two", "few", "many", "other"), "cs": ("one", "few", "many", "other"),
-    "de": ("one", "other"), "en": ("one", "other"), "es": ("one", "many", "other"), "fr": ("one", "many", "other"),
-    "it": ("one", "many", "other"), "ja": ("other",), "ko": ("other",), "nl": ("one", "other"),
-    "pl": ("one", "few", "many", "other"), "pt": ("one", "many", "other"), "ru": ("one", "few", "many", "other"),
-    "sv": ("one", "other"), "tr": ("one", "other"), "uk": ("one", "few", "many", "other"), "zh": ("other",),
-}
 _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)", re.DOTALL)
 _UNESCAPED = {"n": "\n", "t": "\t", "'": "'", '"': '"', "@": "@", "?": "?", "\\": "\\"}
 
@@ -54,7 +46,7 @@ class AndroidStrings:
         """The quantities the target uses and the source lacks, as copies of `other` (translated with it)."""
         have = {item.get("quantity"): item for item in plurals if local(item) == "item"}
         other = have.get("other")
-        for quantity in QUANTITIES.get(self.target, ()):
+        for quantity in plural_categories(self.target):
             if quantity not in have and other is not None:
                 made = etree.Element(other.tag, attrib={**other.attrib, "quantity": quantity})
                 made.text = other.text

@@ -10,6 +10,20 @@ from typing import Any, Protocol
 
 from service.files.segments import Segment
 
+# CLDR's plural categories of each language (integers), for the quantities a translated <plurals> needs
+PLURAL_CATEGORIES = {
+    "ar": ("zero", "one", "two", "few", "many", "other"), "cs": ("one", "few", "many", "other"),
+    "de": ("one", "other"), "en": ("one", "other"), "es": ("one", "many", "other"), "fr": ("one", "many", "other"),
+    "it": ("one", "many", "other"), "ja": ("other",), "ko": ("other",), "nl": ("one", "other"),
+    "pl": ("one", "few", "many", "other"), "pt": ("one", "many", "other"), "ru": ("one", "few", "many", "other"),
+    "sv": ("one", "other"), "tr": ("one", "other"), "uk": ("one", "few", "many", "other"), "zh": ("other",),
+}
+
+
+def plural_categories(language: str) -> tuple[str, ...]:
+    """The CLDR plural categories `language` uses for whole numbers ("fr-CA" as "fr"); () where not known."""
+    return PLURAL_CATEGORIES.get(language.replace("_", "-").split("-")[0].lower(), ())
+
 
 class FileError(Exception):
     """A file that cannot be translated as sent: `status` 400 (malformed, unknown format, wrong encoding) or 413

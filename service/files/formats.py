@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Protocol
 
-from service.files import android, documents, gettext, messages, office, properties, xliff
+from service.files import android, documents, gettext, messages, office, properties, stringsdict, xliff
 from service.files.catalogue import Catalogue, FileError, FileOptions
 
 HANDLERS = (
@@ -17,6 +17,7 @@ HANDLERS = (
     messages.JsonMessages,
     properties.JavaProperties,
     properties.AppleStrings,
+    stringsdict.StringsDict,
     documents.Subtitles,
     documents.PlainText,
     documents.Html,

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from service.files.catalogue import FileError, FileOptions, Item, decoded
+from service.files.catalogue import FileError, FileOptions, Item, decoded, plural_categories
 from service.files.segments import Segment
 
 _ICU_START = re.compile(r"\{\s*([A-Za-z0-9_]+)\s*,\s*(plural|select|selectordinal)\s*,")
@@ -28,11 +28,14 @@ class JsonMessages:
             kind = type(self.tree).__name__
             raise FileError(400, f"{filename}: a message file is a JSON object of strings, not a {kind}")
         self.items: list[Item] = []
+        self.target = target
         self._collect(self.tree)
         self.units, self.kept = len(self.items), 0
 
     def _collect(self, node: Any) -> None:
-        entries = node.items() if isinstance(node, dict) else enumerate(node)
+        if isinstance(node, dict):
+            _add_plural_keys(node, self.target)
+        entries = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
         for key, value in entries:
             if isinstance(value, str) and value.strip() and key not in _SKIPPED_KEYS:
                 template, arguments = icu_parts(value)
@@ -49,6 +52,22 @@ class JsonMessages:
 
     def dump(self) -> bytes:
         return (json.dumps(self.tree, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
+
+
+def _add_plural_keys(node: dict, target: str) -> None:
+    """i18next's plural keys (`item_one`, `item_other`): those the target language uses and the object lacks, each
+    from its `_other` (French wants `item_many` too), placed after it."""
+    categories = plural_categories(target)
+    bases = [key[: -len("_other")] for key in node if isinstance(key, str) and key.endswith("_other")]
+    for base in bases:
+        missing = [c for c in categories if f"{base}_{c}" not in node]
+        if not missing or not isinstance(node[f"{base}_other"], str):
+            continue
+        items = list(node.items())
+        at = next(i for i, (key, _) in enumerate(items) if key == f"{base}_other")
+        added = [(f"{base}_{c}", node[f"{base}_other"]) for c in missing]
+        node.clear()
+        node.update(items[:at] + added + items[at:])
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PLACEHOLDER = re.compile(
-    r"%\([^)\s]{1,64}\)[-+ 0#]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]"  # Python: %(name)s
+    r"%#@[A-Za-z0-9_]{1,64}@"  # .stringsdict: %#@files@
+    r"|%\([^)\s]{1,64}\)[-+ 0#]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]"  # Python: %(name)s
     r"|%(?:\d+\$)?[-+ 0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGaAcspn@]"  # printf, iOS
     r"|%L?\d+"  # Qt: %1, %L1
     r"|\{\{[^{}\n]{1,64}\}\}"  # i18next, Handlebars: {{name}}

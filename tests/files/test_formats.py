@@ -178,6 +178,8 @@ def test_json_messages_nested_plural_suffixes_and_icu() -> None:
     out = json.loads(result.data)
     assert out["nav"] == {"home": "HOME", "greeting": "HELLO {{name}}, YOU HAVE {count} MESSAGES"}
     assert (out["item_one"], out["item_other"]) == ("{{count}} ITEM", "{{count}} ITEMS")
+    assert out["item_many"] == "{{count}} ITEMS"  # French's third category, from _other, in i18next's order
+    assert list(out)[:4] == ["nav", "item_one", "item_many", "item_other"]
     assert out["files"] == "YOU HAVE {count, plural, =0 {NO FILES} one {# FILE} other {# FILES}} IN {folder}."
     assert out["list"] == ["FIRST", "SECOND"] and out["ext"] == {"message": "OPEN", "description": "a button"}
 
@@ -350,3 +352,23 @@ def test_an_archive_bomb_is_refused_before_it_is_read() -> None:
     assert raised.value.status == 413
     with pytest.raises(FileError, match="not a docx document"):
         translate_file(b"PK\x03\x04 broken", "a.docx", "fr", loud, FileOptions())
+
+
+STRINGSDICT = b"""<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+<plist version="1.0"><dict><key>files_count</key><dict>
+<key>NSStringLocalizedFormatKey</key><string>%#@files@</string>
+<key>files</key><dict><key>NSStringFormatSpecTypeKey</key><string>NSStringPluralRuleType</string>
+<key>NSStringFormatValueTypeKey</key><string>d</string>
+<key>one</key><string>%d file</string><key>other</key><string>%d files</string></dict></dict></dict></plist>"""
+
+
+def test_stringsdict_plurals_get_the_targets_categories() -> None:
+    import plistlib
+
+    result = translate_file(STRINGSDICT, "Localizable.stringsdict", "fr", loud, FileOptions())
+    entry = plistlib.loads(result.data)["files_count"]
+    assert entry["NSStringLocalizedFormatKey"] == "%#@files@"  # a placeholder alone: not sent to the engine
+    files = entry["files"]
+    assert (files["one"], files["many"], files["other"]) == ("%d FILE", "%d FILES", "%d FILES")
+    assert files["NSStringFormatValueTypeKey"] == "d" and result.translated == 3
