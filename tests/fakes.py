@@ -3,6 +3,7 @@ row's own source, position, last token and cached history, so a mixed-up cache r
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,15 @@ class FakeRuntime:
         self.log_softmax: list[bool] = []  # what each step was asked: normalise, or only the candidates' order
         self.fail_next_step = False
         self.fail_next_encode = False
+        self.encode_seconds = 0.0  # each encoder pass takes at least this long (a race given room to be lost)
 
     def encode(self, src_ids: np.ndarray, src_mask: np.ndarray) -> Memory:
         if self.fail_next_encode:
             self.fail_next_encode = False
             raise RuntimeError("injected encoder failure")
         self.encoder_calls.append(len(src_ids))
+        if self.encode_seconds:
+            time.sleep(self.encode_seconds)
         signature = (np.where(src_mask, src_ids, 0) * np.arange(1, src_ids.shape[1] + 1)).sum(1) % 9973  # (b,)
         keys = np.zeros((1, len(src_ids), 1, src_ids.shape[1], 1), np.float32)  # (L, b, H, S, Dh)
         keys[0, :, 0, 0, 0] = signature

@@ -211,6 +211,7 @@ def test_streams_take_the_costliest_batches_first_and_give_every_batch_its_own_r
 def test_when_a_batch_fails_in_a_stream_its_error_is_raised_and_the_batches_not_begun_never_are() -> None:
     runtime = FakeRuntime()
     runtime.fail_next_encode = True  # the first batch to start: the costliest
+    runtime.encode_seconds = 0.05  # the other stream's 11 batches take 0.55 s: the failure stops it well before
     batches = [[[5, 6, 7, 8, 9][: 5 - i]] * 2 for i in range(4)] * 3  # (12 batches, the costliest first)
     options = [[SearchOptions(1, 4)] * len(b) for b in batches]
     rules = TokenRules(FAKE_START, FAKE_EOS, FAKE_PAD)
