@@ -1,8 +1,10 @@
 """POST /translate_file end to end on the tiny model: LibreTranslate's multipart request, the download link (and the
-file in the answer itself), the same strings' translations as /translate gives, and clear 4xx for bad files."""
+file in the answer itself), the same strings' translations as /translate gives, a request's glossary over the
+server's, and clear 4xx for bad files."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from translate.storage import pypo
 from service.api.app import create_app
 from service.files.segments import Segment
 from service.settings import Settings
+from service.translation.translator import Translator
 
 PO = b"""msgid ""
 msgstr ""
@@ -116,3 +119,59 @@ def test_files_are_counted_by_format_and_outcome(client: TestClient) -> None:
 def test_frontend_settings_offer_the_formats(client: TestClient) -> None:
     body = client.get("/frontend/settings").json()
     assert body["filesTranslation"] is True and ".po" in body["supportedFilesFormat"]
+
+
+class Glossaries:
+    """Translator.translate wrapped: each call's glossary terms (its `given`) recorded, the translation as it was."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.seen: list[dict[str, str] | None] = []
+        original = Translator.translate
+
+        async def recording(translator: Translator, texts: list[str], target: str, options: object) -> object:
+            self.seen.append(None if options.glossary is None else dict(options.glossary.given))
+            return await original(translator, texts, target, options)
+
+        monkeypatch.setattr(Translator, "translate", recording)
+
+
+def test_a_glossary_field_goes_over_the_servers_glossary(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny model never gives a term's placeholder back (the sentence goes again without it): what is checked
+    is the glossary each of the file's requests carries, the server's terms with the form's over them."""
+    path = tmp_path / "glossary.json"
+    path.write_text(json.dumps({"en": {"fr": {"Files": "Files", "Open": "Ouvrir"}}}), encoding="utf-8")
+    glossaries = Glossaries(monkeypatch)
+    with TestClient(create_app(settings_for(model_dir, tmp_path, glossary_file=path))) as c:
+        answer = send(c, "app.po", PO, glossary=json.dumps({"Open": "Ouvrez", "file": "fichier"}))
+        assert answer.status_code == 200, answer.text
+        assert glossaries.seen == [{"Files": "Files", "Open": "Ouvrez", "file": "fichier"}]
+        glossaries.seen.clear()
+        assert send(c, "app.po", PO, glossary="").status_code == 200  # an empty field: the server's alone
+        assert glossaries.seen == [{"Files": "Files", "Open": "Ouvrir"}]
+
+
+@pytest.mark.parametrize(
+    ("glossary", "status", "message"),
+    [
+        ("file=fichier", 400, "glossary: a glossary in a form is a JSON object of terms and their translations"),
+        ('["file"]', 400, "glossary: Input should be a valid dictionary"),
+        ('{"file": 5}', 400, "glossary.file: Input should be a valid string"),
+        ('{" file": "fichier"}', 400, "glossary term ' file': spaces around it"),
+        ('{"file": ""}', 400, "an empty translation: give the term itself to keep it as written"),
+        (json.dumps({f"t{i}": "x" for i in range(1001)}), 413, "the glossary has 1001 terms; the limit is 1000"),
+    ],
+)
+def test_a_bad_glossary_is_refused_saying_what_to_change(
+    client: TestClient, glossary: str, status: int, message: str
+) -> None:
+    answer = send(client, "app.po", PO, glossary=glossary)
+    assert answer.status_code == status and message in answer.json()["error"], answer.text
+
+
+def test_a_glossary_needs_the_models_placeholders(model_dir: Path, tmp_path: Path) -> None:
+    with TestClient(create_app(settings_for(model_dir, tmp_path, mask_symbols=False))) as c:
+        refused = send(c, "app.po", PO, glossary='{"file": "fichier"}')
+        assert refused.status_code == 400 and "which a glossary needs" in refused.json()["error"]
+        assert send(c, "app.po", PO).status_code == 200
