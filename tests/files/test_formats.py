@@ -372,3 +372,197 @@ def test_stringsdict_plurals_get_the_targets_categories() -> None:
     files = entry["files"]
     assert (files["one"], files["many"], files["other"]) == ("%d FILE", "%d FILES", "%d FILES")
     assert files["NSStringFormatValueTypeKey"] == "d" and result.translated == 3
+
+
+def entries(data: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {entry.filename: archive.read(entry) for entry in archive.infolist()}
+
+
+def assert_only_changed(source: bytes, translated: bytes, changed: set[str]) -> None:
+    """The translated archive has the source's entries, each byte for byte but those of `changed`, which differ."""
+    before, after = entries(source), entries(translated)
+    assert set(after) == set(before)
+    assert {name for name in before if before[name] != after[name]} == changed
+
+
+def pptx_deck() -> bytes:
+    import pptx
+
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[1])  # a title and a text box
+    slide.shapes.title.text = "Quarterly report"
+    paragraph = slide.placeholders[1].text_frame.paragraphs[0]
+    for text, bold in (("Sales grew ", False), ("fast", True), (" this year.", False)):
+        run = paragraph.add_run()
+        run.text, run.font.bold = text, bold
+    slide.notes_slide.notes_text_frame.text = "Thank the team."
+    second = deck.slides.add_slide(deck.slide_layouts[5])  # a title only
+    second.shapes.title.text = "Open %s now"
+    out = io.BytesIO()
+    deck.save(out)
+    return out.getvalue()
+
+
+def test_pptx_slides_and_notes() -> None:
+    import pptx
+
+    data = pptx_deck()
+    result = translate_file(data, "deck.pptx", "fr", loud, FileOptions())
+    deck = pptx.Presentation(io.BytesIO(result.data))
+    first, second = deck.slides
+    assert first.shapes.title.text == "QUARTERLY REPORT" and second.shapes.title.text == "OPEN %s NOW"
+    assert first.placeholders[1].text_frame.text == "SALES GREW FAST THIS YEAR."
+    assert first.notes_slide.notes_text_frame.text == "THANK THE TEAM."
+    slides = {"ppt/slides/slide1.xml", "ppt/slides/slide2.xml", "ppt/notesSlides/notesSlide1.xml"}
+    assert_only_changed(data, result.data, slides)
+    assert result.media_type.endswith("presentationml.presentation")
+    assert (result.format, result.translated) == ("pptx", 4)
+
+
+ODP_CONTENT = (
+    f'<?xml version="1.0" encoding="UTF-8"?><office:document-content xmlns:office="{ODF}:office:1.0" '
+    f'xmlns:text="{ODF}:text:1.0" xmlns:draw="{ODF}:drawing:1.0" xmlns:presentation="{ODF}:presentation:1.0">'
+    '<office:body><office:presentation><draw:page draw:name="p1"><draw:frame><draw:text-box>'
+    '<text:p>Our <text:span text:style-name="T1">new</text:span> plan</text:p></draw:text-box></draw:frame>'
+    "<presentation:notes><draw:frame><draw:text-box><text:p>Speak slowly.</text:p></draw:text-box></draw:frame>"
+    "</presentation:notes></draw:page></office:presentation></office:body></office:document-content>"
+).encode()
+ODP_MIMETYPE = b"application/vnd.oasis.opendocument.presentation"
+
+
+def test_odp_slides_and_notes_keep_their_spans() -> None:
+    data = zipped({"mimetype": ODP_MIMETYPE, "content.xml": ODP_CONTENT, "styles.xml": b"<office:document-styles/>",
+                   "META-INF/manifest.xml": b"<manifest/>"})
+    result = translate_file(data, "plan.odp", "fr", loud, FileOptions())
+    archive = zipfile.ZipFile(io.BytesIO(result.data))
+    assert archive.namelist()[0] == "mimetype" and archive.infolist()[0].compress_type == zipfile.ZIP_STORED
+    paragraphs = etree.fromstring(archive.read("content.xml")).findall(f".//{{{ODF}:text:1.0}}p")
+    assert ["".join(p.itertext()) for p in paragraphs] == ["OUR NEW PLAN", "SPEAK SLOWLY."]
+    assert paragraphs[0][0].text == "NEW" and paragraphs[0][0].get(f"{{{ODF}:text:1.0}}style-name") == "T1"
+    assert_only_changed(data, result.data, {"content.xml"})
+    assert result.media_type == ODP_MIMETYPE.decode() and result.format == "odp"
+
+
+EPUB_CONTAINER = (
+    b'<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+    b'<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/></rootfiles>'
+    b"</container>"
+)
+EPUB_PACKAGE = (
+    b'<?xml version="1.0" encoding="UTF-8"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0" '
+    b'unique-identifier="id"><metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>A Book</dc:title>'
+    b'<dc:language>en</dc:language></metadata><manifest><item id="nav" href="nav.xhtml" properties="nav" '
+    b'media-type="application/xhtml+xml"/><item id="c1" href="text/chapter%201.xhtml" '
+    b'media-type="application/xhtml+xml"/><item id="css" href="style.css" media-type="text/css"/><item id="ncx" '
+    b'href="toc.ncx" media-type="application/x-dtbncx+xml"/><item id="img" href="cat.png" media-type="image/png"/>'
+    b'</manifest><spine toc="ncx"><itemref idref="c1"/></spine></package>'
+)
+EPUB_CHAPTER = (
+    b'<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml" '
+    b'xml:lang="en" lang="en"><head><title>Chapter One</title><link rel="stylesheet" href="../style.css"/></head>'
+    b'<body><h1 id="c1">Chapter One</h1><p>It was a <em>dark</em> night &amp; cold.<br/>Then '
+    b'<img src="../cat.png" alt="A cat"/> came.</p></body></html>'
+)
+EPUB_NAV = (
+    b'<?xml version="1.0" encoding="utf-8"?><html xmlns="http://www.w3.org/1999/xhtml" '
+    b'xmlns:epub="http://www.idpf.org/2007/ops"><head><title>Contents</title></head><body><nav epub:type="toc">'
+    b'<ol><li><a href="text/chapter%201.xhtml">Chapter One</a></li></ol></nav></body></html>'
+)
+EPUB_NCX = b'<?xml version="1.0"?><ncx xmlns="http://www.daisy.org/z3986/2005/ncx/"><navMap/></ncx>'
+
+
+def epub_book(mimetype_first: bool = True) -> bytes:
+    members = {"META-INF/container.xml": EPUB_CONTAINER, "OEBPS/content.opf": EPUB_PACKAGE,
+               "OEBPS/nav.xhtml": EPUB_NAV, "OEBPS/text/chapter 1.xhtml": EPUB_CHAPTER,
+               "OEBPS/style.css": b"p { margin: 0 }", "OEBPS/toc.ncx": EPUB_NCX, "OEBPS/cat.png": bytes(range(256))}
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        if mimetype_first:
+            archive.writestr("mimetype", b"application/epub+zip", zipfile.ZIP_STORED)
+        for name, data in members.items():
+            archive.writestr(name, data)
+        if not mimetype_first:
+            archive.writestr("mimetype", b"application/epub+zip")  # last and compressed: put right when written
+    return out.getvalue()
+
+
+def test_epub_content_documents_as_html_every_other_entry_kept() -> None:
+    for data in (epub_book(), epub_book(mimetype_first=False)):
+        result = translate_file(data, "book.epub", "fr", loud, FileOptions())
+        archive = zipfile.ZipFile(io.BytesIO(result.data))
+        first = archive.infolist()[0]
+        assert (first.filename, first.compress_type) == ("mimetype", zipfile.ZIP_STORED)
+        assert archive.read("mimetype") == b"application/epub+zip"
+        chapter = etree.fromstring(archive.read("OEBPS/text/chapter 1.xhtml"))  # well-formed XML still
+        xhtml = {"x": "http://www.w3.org/1999/xhtml"}
+        assert chapter.find("x:body/x:h1", xhtml).text == "CHAPTER ONE"
+        paragraph = chapter.find("x:body/x:p", xhtml)
+        assert "".join(paragraph.itertext()) == "IT WAS A DARK NIGHT & COLD.THEN  CAME."
+        assert paragraph.find("x:em", xhtml).text == "DARK"
+        assert paragraph.find("x:img", xhtml).get("src") == "../cat.png"
+        assert b"<!DOCTYPE html>" in archive.read("OEBPS/text/chapter 1.xhtml")
+        assert etree.fromstring(archive.read("OEBPS/nav.xhtml")).find(".//x:a", xhtml).text == "CHAPTER ONE"
+        assert_only_changed(data, result.data, {"OEBPS/text/chapter 1.xhtml", "OEBPS/nav.xhtml"})
+        assert (result.media_type, result.format, result.translated) == ("application/epub+zip", "epub", 2)
+
+
+def central_flags(data: bytes, name: bytes, flags: int = 0, method: int | None = None) -> bytes:
+    """The archive with `name`'s central directory entry given general-purpose `flags` (1: encrypted) or another
+    compression `method`."""
+    at = data.index(b"PK\x01\x02")
+    while data[at + 46 : at + 46 + len(name)] != name:
+        at = data.index(b"PK\x01\x02", at + 4)
+    changed = bytearray(data)
+    changed[at + 8 : at + 10] = (int.from_bytes(data[at + 8 : at + 10], "little") | flags).to_bytes(2, "little")
+    if method is not None:
+        changed[at + 10 : at + 12] = method.to_bytes(2, "little")
+    return bytes(changed)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "words"),
+    [
+        ("a.epub", zipped({"mimetype": b"application/epub+zip"}), "no META-INF/container.xml in the archive"),
+        ("a.epub", zipped({"META-INF/container.xml": b"<container/>"}), "no <rootfile full-path=...>"),
+        ("a.epub", zipped({"META-INF/container.xml": EPUB_CONTAINER, "OEBPS/content.opf": EPUB_PACKAGE}),
+         "no OEBPS/nav.xhtml in the archive"),
+        ("a.epub", zipped({"META-INF/container.xml": EPUB_CONTAINER, "OEBPS/content.opf": EPUB_PACKAGE,
+                           "OEBPS/nav.xhtml": b"caf\xe9", "OEBPS/text/chapter 1.xhtml": b""}), "not utf-8"),
+        ("a.epub", zipped({"META-INF/container.xml": EPUB_CONTAINER, "OEBPS/content.opf": b"<package"}),
+         "not well-formed XML"),
+        ("a.pptx", zipped({"ppt/slides/slide1.xml": b"<p/>"}), "no ppt/presentation.xml in the archive"),
+        ("a.pptx", zipped({"ppt/presentation.xml": b"<p/>", "ppt/slides/slide1.xml": BOMB}), "DOCTYPE or entities"),
+        ("a.odp", zipped({"mimetype": ODP_MIMETYPE}), "no content.xml in the archive: not a odp document"),
+        ("a.odp", central_flags(zipped({"content.xml": ODP_CONTENT}), b"content.xml", flags=1), "a damaged archive"),
+        ("a.docx", central_flags(zipped({"word/document.xml": DOCX_BODY}), b"word/document.xml", method=99),
+         "a damaged archive"),
+        ("a.epub", b"PK\x03\x04 broken", "not a epub document (a zip archive)"),
+    ],
+)
+def test_broken_archives_get_a_clear_400(name: str, data: bytes, words: str) -> None:
+    with pytest.raises(FileError, match=re.escape(words)) as raised:
+        translate_file(data, name, "fr", loud, FileOptions())
+    assert raised.value.status == 400
+
+
+ARCHIVES = {
+    "a.docx": zipped({"[Content_Types].xml": DOCX_TYPES, "_rels/.rels": DOCX_RELS, "word/document.xml": DOCX_BODY}),
+    "a.odt": zipped({"mimetype": b"application/vnd.oasis.opendocument.text", "content.xml": ODT_CONTENT}),
+    "a.odp": zipped({"mimetype": ODP_MIMETYPE, "content.xml": ODP_CONTENT}),
+    "a.pptx": pptx_deck(),
+    "a.epub": epub_book(),
+}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(ARCHIVES)), at=st.floats(0, 1), cut=st.booleans(), junk=st.binary(max_size=40))
+def test_damaged_archives_raise_file_error_only(name: str, at: float, cut: bool, junk: bytes) -> None:
+    """An archive cut short, or with bytes overwritten anywhere (headers, compressed data, the directory)."""
+    data = ARCHIVES[name]
+    where = int(at * len(data))
+    damaged = data[:where] + junk if cut else data[:where] + junk + data[where + len(junk) :]
+    try:
+        translate_file(damaged, name, "fr", loud, FileOptions())
+    except FileError as error:
+        assert error.status in (400, 413)

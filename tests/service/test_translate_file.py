@@ -1,22 +1,35 @@
 """POST /translate_file end to end on the tiny model: LibreTranslate's multipart request, the download link (and the
 file in the answer itself), the same strings' translations as /translate gives, a request's glossary over the
-server's, and clear 4xx for bad files."""
+server's, presentations and books in their formats, and clear 4xx for bad files."""
 
 from __future__ import annotations
 
+import io
 import json
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from lxml import etree
 from translate.storage import pypo
 
 from service.api.app import create_app
 from service.files.segments import Segment
 from service.settings import Settings
 from service.translation.translator import Translator
+from tests.files.test_formats import (
+    ODF,
+    ODP_CONTENT,
+    ODP_MIMETYPE,
+    assert_only_changed,
+    entries,
+    epub_book,
+    pptx_deck,
+    zipped,
+)
 
 PO = b"""msgid ""
 msgstr ""
@@ -175,3 +188,59 @@ def test_a_glossary_needs_the_models_placeholders(model_dir: Path, tmp_path: Pat
         refused = send(c, "app.po", PO, glossary='{"file": "fichier"}')
         assert refused.status_code == 400 and "which a glossary needs" in refused.json()["error"]
         assert send(c, "app.po", PO).status_code == 200
+
+
+def test_presentations_and_books_through_the_tiny_model(client: TestClient) -> None:
+    """.pptx, .odp, .epub through the real app: each comes back in its format (opened with python-pptx, or parsed
+    as the zip and XML it must be), its text replaced, every entry but the translated ones byte for byte."""
+    import pptx
+
+    deck = pptx_deck()
+    answer = send(client, "deck.pptx", deck, response="file")
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+    slides = pptx.Presentation(io.BytesIO(answer.content)).slides
+    assert slides[0].shapes.title.text.strip() and slides[0].shapes.title.text != "Quarterly report"
+    assert slides[0].notes_slide.notes_text_frame.text != "Thank the team."
+    assert_only_changed(deck, answer.content, {"ppt/slides/slide1.xml", "ppt/slides/slide2.xml",
+                                               "ppt/notesSlides/notesSlide1.xml"})
+
+    odp = zipped({"mimetype": ODP_MIMETYPE, "content.xml": ODP_CONTENT, "styles.xml": b"<s/>"})
+    answer = send(client, "plan.odp", odp, response="file")
+    assert answer.status_code == 200 and answer.headers["content-type"] == ODP_MIMETYPE.decode()
+    paragraphs = etree.fromstring(entries(answer.content)["content.xml"]).findall(f".//{{{ODF}:text:1.0}}p")
+    assert len(paragraphs) == 2 and "".join(paragraphs[1].itertext()) != "Speak slowly."
+    assert_only_changed(odp, answer.content, {"content.xml"})
+
+    book = epub_book()
+    answer = send(client, "book.epub", book, response="file")
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/epub+zip"
+    chapter = etree.fromstring(entries(answer.content)["OEBPS/text/chapter 1.xhtml"])  # well-formed XML still
+    xhtml = {"x": "http://www.w3.org/1999/xhtml"}
+    assert chapter.find("x:body/x:p/x:img", xhtml).get("src") == "../cat.png"
+    assert chapter.find("x:body/x:h1", xhtml).text != "Chapter One"
+    assert zipfile.ZipFile(io.BytesIO(answer.content)).infolist()[0].filename == "mimetype"
+    assert_only_changed(book, answer.content, {"OEBPS/text/chapter 1.xhtml", "OEBPS/nav.xhtml"})
+
+    metrics = client.get("/metrics").text
+    for label in ("pptx", "odp", "epub"):
+        assert f'mt_files_total{{format="{label}",outcome="translated"}} 1.0' in metrics
+
+
+@pytest.mark.parametrize("name", ["a.pptx", "a.odp", "a.epub"])
+def test_broken_presentations_and_books_are_4xx(client: TestClient, name: str) -> None:
+    valid = {"a.pptx": pptx_deck(), "a.odp": zipped({"content.xml": ODP_CONTENT}), "a.epub": epub_book()}[name]
+    bomb = zipped({"content.xml": b"<a/>" + b" " * 210_000_000})
+    for data in (b"", b"not a zip", valid[: len(valid) // 2], valid[:100] + b"\0" * 64 + valid[164:], bomb):
+        answer = send(client, name, data)
+        assert 400 <= answer.status_code < 500, (name, answer.status_code, answer.text)
+    assert send(client, name, bomb).status_code == 413
+    metrics = client.get("/metrics").text
+    assert f'mt_files_total{{format="{name[2:]}",outcome="refused"}} 6.0' in metrics
+
+
+def test_frontend_settings_offer_presentations_and_books(client: TestClient) -> None:
+    offered = client.get("/frontend/settings").json()["supportedFilesFormat"]
+    assert {".docx", ".odt", ".pptx", ".odp", ".epub"} <= set(offered)
+    unknown = send(client, "a.pdf", b"%PDF")
+    assert unknown.status_code == 400 and all(s in unknown.json()["error"] for s in (".pptx", ".odp", ".epub"))
