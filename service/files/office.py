@@ -1,8 +1,9 @@
 """Office documents as LibreTranslate offers them: .docx (WordprocessingML) and .pptx (PresentationML: each slide
-and its speaker notes), each paragraph's text translated whole and written into its first run, so the paragraph
-keeps its style and its first run's formatting; .odt and .odp (OpenDocument text and presentation, one content.xml):
-each paragraph and heading, its spans around the words of the translation, its spaces, tabs and line breaks kept.
-Every other entry of the archive is copied as it was (service/files/archive.py)."""
+and its speaker notes), each paragraph translated whole, its runs' formatting around the words of the translation
+(service/files/runs.py; a paragraph with text elsewhere too, in a hyperlink or a tracked change, is written into its
+first run, keeping the paragraph's style and that run's formatting); .odt and .odp (OpenDocument text and
+presentation, one content.xml): each paragraph and heading, its spans around the words of the translation, its
+spaces, tabs and line breaks kept. Every other entry of the archive is copied as it was (service/files/archive.py)."""
 
 from __future__ import annotations
 
@@ -11,36 +12,42 @@ from typing import Any
 
 from lxml import etree
 
+from service.files import runs
 from service.files.archive import XmlParts
 from service.files.catalogue import Item
+from service.files.runs import XML_SPACE
 from service.files.segments import Segment, fill_element, of_element
 from service.files.xml import local
 
-W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
-A = "http://schemas.openxmlformats.org/drawingml/2006/main"
 TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
-XML_SPACE = "{http://www.w3.org/XML/1998/namespace}space"
 _SLIDE = re.compile(r"ppt/(?:slides/slide|notesSlides/notesSlide)(\d+)\.xml")
 
 
 class _Paragraphs(XmlParts):
-    """Office Open XML: each paragraph (`paragraph`) of the parts, its texts (`text`) joined and translated whole,
-    written into the first."""
+    """Office Open XML: each paragraph of the parts read as runs (`dialect`), else its own texts joined, translated
+    whole and written into the first."""
 
-    paragraph = text = ""
+    dialect = runs.WORD
 
     def _items_of(self, root: Any) -> list[Item]:
         items = []
-        for paragraph in root.iter(self.paragraph):
-            texts = list(paragraph.iter(self.text))
+        for paragraph in root.iter(self.dialect.tag("p")):
+            read = runs.read(paragraph, self.dialect)
+            if read is not None:
+                items.append(Item([read.segment], read))
+                continue
+            texts = runs.own_texts(paragraph, paragraph, self.dialect)
             if "".join(t.text or "" for t in texts).strip():
                 items.append(Item([Segment.of_text("".join(t.text or "" for t in texts))], texts))
         return items
 
     def put(self, item: Item, translations: list[str]) -> None:
+        if isinstance(item.at, runs.Runs):
+            runs.write(item.at, translations[0])
+            return
         first, *rest = item.at
         first.text = item.sources[0].text(translations[0])
-        if etree.QName(first).namespace == W:
+        if self.dialect is runs.WORD:
             first.set(XML_SPACE, "preserve")
         for text in rest:
             text.text = ""
@@ -49,7 +56,6 @@ class _Paragraphs(XmlParts):
 class Docx(_Paragraphs):
     name, suffixes = "docx", (".docx",)
     media_type = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
-    paragraph, text = f"{{{W}}}p", f"{{{W}}}t"
 
     def parts(self) -> list[str]:
         return ["word/document.xml"]
@@ -58,7 +64,7 @@ class Docx(_Paragraphs):
 class Pptx(_Paragraphs):
     name, suffixes = "pptx", (".pptx",)
     media_type = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
-    paragraph, text = f"{{{A}}}p", f"{{{A}}}t"
+    dialect = runs.DRAWING
 
     def parts(self) -> list[str]:
         """The slides, then their notes, in the order of their numbers; FileError 400 without a presentation."""

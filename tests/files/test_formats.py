@@ -396,6 +396,8 @@ def pptx_deck() -> bytes:
     for text, bold in (("Sales grew ", False), ("fast", True), (" this year.", False)):
         run = paragraph.add_run()
         run.text, run.font.bold = text, bold
+    paragraph.add_line_break()
+    paragraph.add_run().text = "Costs fell."
     slide.notes_slide.notes_text_frame.text = "Thank the team."
     second = deck.slides.add_slide(deck.slide_layouts[5])  # a title only
     second.shapes.title.text = "Open %s now"
@@ -412,7 +414,11 @@ def test_pptx_slides_and_notes() -> None:
     deck = pptx.Presentation(io.BytesIO(result.data))
     first, second = deck.slides
     assert first.shapes.title.text == "QUARTERLY REPORT" and second.shapes.title.text == "OPEN %s NOW"
-    assert first.placeholders[1].text_frame.text == "SALES GREW FAST THIS YEAR."
+    paragraph = first.placeholders[1].text_frame.paragraphs[0]
+    assert [(run.text, run.font.bold) for run in paragraph.runs] == [
+        ("SALES GREW ", False), ("FAST", True), (" THIS YEAR.", False), ("COSTS FELL.", None)
+    ]
+    assert paragraph.text == "SALES GREW FAST THIS YEAR.\vCOSTS FELL."  # python-pptx's \v: the line break
     assert first.notes_slide.notes_text_frame.text == "THANK THE TEAM."
     slides = {"ppt/slides/slide1.xml", "ppt/slides/slide2.xml", "ppt/notesSlides/notesSlide1.xml"}
     assert_only_changed(data, result.data, slides)
@@ -566,3 +572,62 @@ def test_damaged_archives_raise_file_error_only(name: str, at: float, cut: bool,
         translate_file(damaged, name, "fr", loud, FileOptions())
     except FileError as error:
         assert error.status in (400, 413)
+
+
+def test_docx_runs_keep_their_formatting_around_the_words() -> None:
+    """A bold and an italic word mid-sentence come back bold and italic around their translations; tabs and line
+    breaks stay in their run; a bookmark stays where it was; a paragraph with a hyperlink is written whole into its
+    first run (the hyperlink's text emptied, not lost)."""
+    import docx
+    from docx.oxml import parse_xml
+
+    document = docx.Document()
+    paragraph = document.add_paragraph("Click ")
+    paragraph.add_run("here").bold = True
+    paragraph.add_run(" to save the ")
+    paragraph.add_run("whole").italic = True
+    paragraph.add_run(" file.\tNow").add_break()
+    paragraph.add_run("or later.")
+    w = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+    paragraph._p.append(parse_xml(f'<w:bookmarkEnd {w} w:id="0"/>'))
+    linked = document.add_paragraph("See ")
+    linked._p.append(parse_xml(f'<w:hyperlink {w} w:anchor="x"><w:r><w:t>the site</w:t></w:r></w:hyperlink>'))
+    out = io.BytesIO()
+    document.save(out)
+    result = translate_file(out.getvalue(), "a.docx", "fr", loud, FileOptions())
+    translated = docx.Document(io.BytesIO(result.data)).paragraphs
+    assert [(r.text, bool(r.bold), bool(r.italic)) for r in translated[0].runs] == [
+        ("CLICK ", False, False), ("HERE", True, False), (" TO SAVE THE ", False, False), ("WHOLE", False, True),
+        (" FILE.\tNOW\nOR LATER.", False, False),
+    ]
+    assert etree.QName(translated[0]._p[-1]).localname == "bookmarkEnd"
+    assert translated[1].text == "SEE THE SITE" and translated[1].runs[0].text == "SEE THE SITE"
+    assert_only_changed(out.getvalue(), result.data, {"word/document.xml"})
+
+
+def same(texts: list[str], fmt: str) -> list[str]:
+    return texts
+
+
+def formatted_chars(paragraph: object) -> list[tuple[str, bool, bool]]:
+    return [(char, bool(run.bold), bool(run.italic)) for run in paragraph.runs for char in run.text]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.text(st.sampled_from("ab <&%s\t\n{}"), min_size=1, max_size=8), st.booleans(),
+                          st.booleans()), min_size=1, max_size=6))
+def test_docx_runs_read_and_written_back_unchanged(runs: list[tuple[str, bool, bool]]) -> None:
+    """With a translator that gives each text back, every character keeps its formatting."""
+    import docx
+
+    document = docx.Document()
+    paragraph = document.add_paragraph()
+    for text, bold, italic in runs:
+        run = paragraph.add_run(text)
+        run.bold, run.italic = bold, italic
+    out = io.BytesIO()
+    document.save(out)
+    if not paragraph.text.strip():
+        return
+    result = translate_file(out.getvalue(), "a.docx", "fr", same, FileOptions())
+    assert formatted_chars(docx.Document(io.BytesIO(result.data)).paragraphs[0]) == formatted_chars(paragraph)

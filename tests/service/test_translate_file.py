@@ -202,6 +202,8 @@ def test_presentations_and_books_through_the_tiny_model(client: TestClient) -> N
     slides = pptx.Presentation(io.BytesIO(answer.content)).slides
     assert slides[0].shapes.title.text.strip() and slides[0].shapes.title.text != "Quarterly report"
     assert slides[0].notes_slide.notes_text_frame.text != "Thank the team."
+    bold = [run.font.bold for run in slides[0].placeholders[1].text_frame.paragraphs[0].runs if run.text.strip()]
+    assert bold.count(True) == 1 and len(bold) > 1  # the bold word's run around its translation, the rest plain
     assert_only_changed(deck, answer.content, {"ppt/slides/slide1.xml", "ppt/slides/slide2.xml",
                                                "ppt/notesSlides/notesSlide1.xml"})
 
@@ -244,3 +246,20 @@ def test_frontend_settings_offer_presentations_and_books(client: TestClient) -> 
     assert {".docx", ".odt", ".pptx", ".odp", ".epub"} <= set(offered)
     unknown = send(client, "a.pdf", b"%PDF")
     assert unknown.status_code == 400 and all(s in unknown.json()["error"] for s in (".pptx", ".odp", ".epub"))
+
+
+def test_a_bold_word_of_a_docx_paragraph_stays_bold(client: TestClient) -> None:
+    import docx
+
+    document = docx.Document()
+    paragraph = document.add_paragraph("Click ")
+    paragraph.add_run("here").bold = True
+    paragraph.add_run(" to save the whole file.")
+    out = io.BytesIO()
+    document.save(out)
+    answer = send(client, "a.docx", out.getvalue(), response="file")
+    assert answer.status_code == 200, answer.text
+    runs = docx.Document(io.BytesIO(answer.content)).paragraphs[0].runs
+    assert [bool(run.bold) for run in runs if run.text.strip()].count(True) == 1
+    assert "".join(run.text for run in runs) != "Click here to save the whole file."
+    assert_only_changed(out.getvalue(), answer.content, {"word/document.xml"})

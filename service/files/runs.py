@@ -1,0 +1,193 @@
+"""Paragraphs made of runs (WordprocessingML's w:r, DrawingML's a:r), each run's formatting in its properties (w:rPr,
+a:rPr): the paragraph read as one Segment, the text of runs formatted as most of the paragraph is as plain text, that
+of each other formatting inside a paired marker (so the translator puts it around the words it went to), what holds
+no text (a bookmark, a field, a drawing) as a marker kept whole; and the paragraph's runs rebuilt from the
+translation, each piece of text in a copy of a run of its formatting, each element kept whole moved where its
+marker stands. A paragraph this cannot read without losing
+text (a hyperlink's runs, tracked changes, a run with a field code) is None: its caller translates it whole."""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from lxml import etree
+
+from service.files.segments import Segment, encoded, pieces
+
+XML_SPACE = "{http://www.w3.org/XML/1998/namespace}space"
+_BREAKS = re.compile(r"([\n\t])")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One markup's names: its run, the run's properties and text, and where line breaks and tabs live."""
+
+    namespace: str
+    fixed: frozenset[str]  # the paragraph's children that stay where they are: its properties, its end's
+    breaks_in_runs: bool  # WordprocessingML: <w:br/> and <w:tab/> inside a run; DrawingML: <a:br> between runs
+
+    def tag(self, name: str) -> str:
+        return f"{{{self.namespace}}}{name}"
+
+
+WORD = Dialect("http://schemas.openxmlformats.org/wordprocessingml/2006/main", frozenset({"pPr"}), True)
+DRAWING = Dialect("http://schemas.openxmlformats.org/drawingml/2006/main", frozenset({"pPr", "endParaRPr"}), False)
+_WORD_RUN = frozenset({"rPr", "t", "tab", "br", "lastRenderedPageBreak"})  # what a run of plain text holds
+
+
+@dataclass
+class Runs:
+    """A paragraph read as runs: its Segment, and the run whose formatting its plain text takes."""
+
+    paragraph: Any
+    segment: Segment
+    base: Any
+    dialect: Dialect
+
+
+def read(paragraph: Any, dialect: Dialect) -> Runs | None:
+    """The paragraph's runs as a Segment (module docstring); None where it has text this reading would lose."""
+    groups: list[tuple[Any, str]] = []  # (a run, or an element kept whole with text None), merged by formatting
+    for child in paragraph:
+        if not isinstance(child.tag, str) or etree.QName(child).localname in dialect.fixed:
+            continue
+        text = _text(child, dialect)
+        if text == "\n" and etree.QName(child).localname == "br" and groups and groups[-1][1] is not None:
+            groups[-1] = (groups[-1][0], groups[-1][1] + text)  # DrawingML's break: a line of the run before it
+        elif text is None or etree.QName(child).localname == "br":
+            if own_texts(child, paragraph, dialect):
+                return None  # text of this paragraph inside what is not a plain run
+            groups.append((child, None))  # a text box's own paragraphs are read as paragraphs of their own
+        elif groups and groups[-1][1] is not None and _key(groups[-1][0], dialect) == _key(child, dialect):
+            groups[-1] = (groups[-1][0], groups[-1][1] + text)
+        else:
+            groups.append((child, text))
+    chars: dict[bytes, int] = {}
+    for run, text in groups:
+        if text is not None and text.strip():
+            chars[_key(run, dialect)] = chars.get(_key(run, dialect), 0) + len(text)
+    if not chars:
+        return None
+    base_key = max(chars, key=chars.__getitem__)  # the first of the commonest, as max keeps it
+    segment, parts = Segment(""), []
+    for run, text in groups:
+        index = len(segment.elements)
+        if text is None:
+            segment.elements.append(run)
+            parts.append(f'<img data-i="{index}">')
+        elif _key(run, dialect) == base_key:
+            parts.append(encoded(text))
+        else:
+            segment.elements.append(run)
+            segment.paired.add(index)
+            parts.append(f'<span data-i="{index}">{encoded(text)}</span>')
+    segment.markup = "".join(parts)
+    base = next(run for run, text in groups if text is not None and _key(run, dialect) == base_key)
+    return Runs(paragraph, segment, base, dialect)
+
+
+def own_texts(element: Any, paragraph: Any, dialect: Dialect) -> list[Any]:
+    """The text elements under `element` that are `paragraph`'s own, not those of a paragraph inside it (a text
+    box's)."""
+    texts = element.iter(dialect.tag("t"))
+    return [t for t in texts if next(t.iterancestors(dialect.tag("p")), None) is paragraph]
+
+
+def _text(child: Any, dialect: Dialect) -> str | None:
+    """A plain run's text (its breaks "\\n", its tabs "\\t"); None for anything else."""
+    name = etree.QName(child).localname
+    if not dialect.breaks_in_runs:
+        if name == "br":
+            return "\n"
+        if name != "r" or any(etree.QName(c).localname not in ("rPr", "t") for c in child if isinstance(c.tag, str)):
+            return None
+        return "".join(t.text or "" for t in child.iter(dialect.tag("t")))
+    if name != "r" or any(_plain_word(c) is None for c in child):
+        return None
+    return "".join(_plain_word(c) or "" for c in child)
+
+
+def _plain_word(child: Any) -> str | None:
+    """What a WordprocessingML run's child adds to its text: "" for its properties, None for what is no text."""
+    name = etree.QName(child).localname if isinstance(child.tag, str) else ""
+    if name not in _WORD_RUN or (name == "br" and child.attrib):  # a page or column break is no line of text
+        return None
+    return {"t": child.text or "", "tab": "\t", "br": "\n"}.get(name, "")
+
+
+def _key(run: Any, dialect: Dialect) -> bytes:
+    """A run's formatting: its properties as written."""
+    props = run.find(dialect.tag("rPr"))
+    return etree.tostring(props) if props is not None else b""
+
+
+def write(runs: Runs, translation: str) -> None:
+    """The paragraph's runs replaced by the translation's: its plain text in copies of the base run, each marked
+    piece in a copy of its own run, each element kept whole where its marker stands (at the end where the
+    translation lost it)."""
+    segment, stack, placed = runs.segment, [runs.base], set()
+    laid: list[tuple[Any, str | None]] = []  # (a run to copy and its text) or (an element kept whole, None)
+    for piece in pieces(translation):
+        if isinstance(piece, str) and laid and laid[-1][0] is stack[-1] and laid[-1][1] is not None:
+            laid[-1] = (stack[-1], laid[-1][1] + piece)
+        elif isinstance(piece, str):
+            laid.append((stack[-1], piece))
+        elif piece[0] == "open" and piece[1] in segment.paired and piece[1] not in placed:
+            placed.add(piece[1])
+            stack.append(segment.elements[piece[1]])
+        elif piece[0] == "close" and len(stack) > 1:
+            stack.pop()
+        elif piece[0] == "void" and piece[1] < len(segment.elements) and piece[1] not in segment.paired | placed:
+            placed.add(piece[1])
+            laid.append((segment.elements[piece[1]], None))
+    laid += [(segment.elements[i], None) for i in range(len(segment.elements)) if i not in segment.paired | placed]
+    made = []
+    for element, text in laid:  # an element kept whole is moved, not copied: a text box in it is an item of its own
+        made += [element] if text is None else _runs_of(element, text, runs.dialect)
+    _replace_content(runs.paragraph, made, runs.dialect)
+
+
+def _runs_of(template: Any, text: str, dialect: Dialect) -> list[Any]:
+    """`text` as runs formatted as `template`: one run with <w:t>, <w:br/>, <w:tab/> (WordprocessingML), or runs
+    and <a:br> between them (DrawingML)."""
+    if not text:
+        return []
+    props = template.find(dialect.tag("rPr"))
+    if not dialect.breaks_in_runs:
+        made: list[Any] = []
+        for i, line in enumerate(text.split("\n")):
+            if i:
+                made.append(_element(dialect.tag("br"), props))
+            if line:
+                made.append(_element(dialect.tag("r"), props, template.attrib))
+                etree.SubElement(made[-1], dialect.tag("t")).text = line
+        return made
+    run = _element(dialect.tag("r"), props, template.attrib)
+    for part in _BREAKS.split(text):
+        if part == "\n":
+            etree.SubElement(run, dialect.tag("br"))
+        elif part == "\t":
+            etree.SubElement(run, dialect.tag("tab"))
+        elif part:
+            etree.SubElement(run, dialect.tag("t"), {XML_SPACE: "preserve"}).text = part
+    return [run]
+
+
+def _element(tag: str, props: Any, attrib: Any = None) -> Any:
+    made = etree.Element(tag, dict(attrib or {}))
+    if props is not None:
+        made.append(copy.deepcopy(props))
+    return made
+
+
+def _replace_content(paragraph: Any, made: list[Any], dialect: Dialect) -> None:
+    """The paragraph's children but the fixed ones removed, `made` put after its properties (and before the
+    properties of its end, DrawingML's a:endParaRPr, which stay last)."""
+    for child in [c for c in paragraph if not isinstance(c.tag, str) or etree.QName(c).localname not in dialect.fixed]:
+        paragraph.remove(child)
+    at = 1 if len(paragraph) and etree.QName(paragraph[0]).localname == "pPr" else 0
+    for offset, element in enumerate(made):
+        paragraph.insert(at + offset, element)
