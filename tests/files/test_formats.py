@@ -631,3 +631,18 @@ def test_docx_runs_read_and_written_back_unchanged(runs: list[tuple[str, bool, b
         return
     result = translate_file(out.getvalue(), "a.docx", "fr", same, FileOptions())
     assert formatted_chars(docx.Document(io.BytesIO(result.data)).paragraphs[0]) == formatted_chars(paragraph)
+
+
+def test_a_text_box_in_a_docx_paragraph_is_translated_once_as_its_own() -> None:
+    w = f"{OOXML}/wordprocessingml/2006/main"
+    box = "<w:r><w:drawing><w:txbxContent><w:p><w:r><w:t>Inside box</w:t></w:r></w:p></w:txbxContent></w:drawing></w:r>"
+    for link in ("", '<w:hyperlink><w:r><w:t> link</w:t></w:r></w:hyperlink>'):  # read as runs, or whole
+        body = (f'<w:document xmlns:w="{w}"><w:body><w:p><w:r><w:t>Outer text</w:t></w:r>{box}{link}</w:p>'
+                "</w:body></w:document>").encode()
+        data = zipped({"[Content_Types].xml": DOCX_TYPES, "_rels/.rels": DOCX_RELS, "word/document.xml": body})
+        result = translate_file(data, "a.docx", "fr", loud, FileOptions())
+        root = etree.fromstring(entries(result.data)["word/document.xml"])
+        outer, inner = root.iter(f"{{{w}}}p")
+        assert [t.text for t in inner.iter(f"{{{w}}}t")] == ["INSIDE BOX"] and result.translated == 2
+        own = [t.text or "" for t in outer.iter(f"{{{w}}}t") if next(t.iterancestors(f"{{{w}}}p")) is outer]
+        assert "".join(own) == ("OUTER TEXT LINK" if link else "OUTER TEXT")
