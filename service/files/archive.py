@@ -70,14 +70,16 @@ class Archive:
 
 class XmlParts(Archive):
     """An archive whose text lies in XML entries (`parts`), each parsed safely (service/files/xml.py), its text
-    found by `_items_of` and written back serialised."""
+    found by `_items_of`; those with text to translate written back serialised, the others left as they were."""
 
     def parts(self) -> list[str]:
         raise NotImplementedError
 
     def _items(self) -> list[Item]:
-        self.roots = {part: parsed(self.read(part), f"{self.filename}:{part}", "a document") for part in self.parts()}
-        return [item for root in self.roots.values() for item in self._items_of(root)]
+        roots = {part: parsed(self.read(part), f"{self.filename}:{part}", "a document") for part in self.parts()}
+        found = {part: self._items_of(root) for part, root in roots.items()}
+        self.roots = {part: roots[part] for part, items in found.items() if items}  # those written back
+        return [item for items in found.values() for item in items]
 
     def _items_of(self, root: Any) -> list[Item]:
         raise NotImplementedError

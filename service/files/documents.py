@@ -142,4 +142,5 @@ class Epub(Archive):
         self.pages[entry][index] = translations[0]  # HTML in, HTML out: the translator kept the markup
 
     def written(self) -> dict[str, bytes]:
-        return {entry: "".join(pieces).encode("utf-8") for entry, pieces in self.pages.items()}
+        translated = {entry for entry, _ in (item.at for item in self.items)}
+        return {entry: "".join(self.pages[entry]).encode("utf-8") for entry in translated}

@@ -28,14 +28,25 @@ class Dialect:
     namespace: str
     fixed: frozenset[str]  # the paragraph's children that stay where they are: its properties, its end's
     breaks_in_runs: bool  # WordprocessingML: <w:br/> and <w:tab/> inside a run; DrawingML: <a:br> between runs
+    kept: frozenset[str] = frozenset()  # kept whole though they hold text: DrawingML's fields (a slide's number)
+    dropped: frozenset[str] = frozenset()  # marks the translation makes wrong: Word's spelling and grammar errors
 
     def tag(self, name: str) -> str:
         return f"{{{self.namespace}}}{name}"
 
 
-WORD = Dialect("http://schemas.openxmlformats.org/wordprocessingml/2006/main", frozenset({"pPr"}), True)
-DRAWING = Dialect("http://schemas.openxmlformats.org/drawingml/2006/main", frozenset({"pPr", "endParaRPr"}), False)
-_WORD_RUN = frozenset({"rPr", "t", "tab", "br", "lastRenderedPageBreak"})  # what a run of plain text holds
+WORD = Dialect(
+    "http://schemas.openxmlformats.org/wordprocessingml/2006/main", frozenset({"pPr"}), True,
+    dropped=frozenset({"proofErr"}),
+)
+DRAWING = Dialect(
+    "http://schemas.openxmlformats.org/drawingml/2006/main", frozenset({"pPr", "endParaRPr"}), False,
+    kept=frozenset({"fld"}),
+)
+# what a WordprocessingML run of plain text holds, and what each adds to its text
+_WORD_RUN = {"rPr": "", "lastRenderedPageBreak": "", "softHyphen": "", "tab": "\t", "br": "\n", "cr": "\n",
+             "noBreakHyphen": "\u2011"}
+_WORD_TYPE = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}type"
 
 
 @dataclass
@@ -52,7 +63,7 @@ def read(paragraph: Any, dialect: Dialect) -> Runs | None:
     """The paragraph's runs as a Segment (module docstring); None where it has text this reading would lose."""
     groups: list[tuple[Any, str]] = []  # (a run, or an element kept whole with text None), merged by formatting
     for child in paragraph:
-        if not isinstance(child.tag, str) or etree.QName(child).localname in dialect.fixed:
+        if not isinstance(child.tag, str) or etree.QName(child).localname in dialect.fixed | dialect.dropped:
             continue
         text = _text(child, dialect)
         if text == "\n" and etree.QName(child).localname == "br" and groups and groups[-1][1] is not None:
@@ -90,10 +101,20 @@ def read(paragraph: Any, dialect: Dialect) -> Runs | None:
 
 
 def own_texts(element: Any, paragraph: Any, dialect: Dialect) -> list[Any]:
-    """The text elements under `element` that are `paragraph`'s own, not those of a paragraph inside it (a text
-    box's)."""
-    texts = element.iter(dialect.tag("t"))
-    return [t for t in texts if next(t.iterancestors(dialect.tag("p")), None) is paragraph]
+    """The text elements under `element` that are `paragraph`'s own: not a paragraph's inside it (a text box's),
+    not inside an element kept whole (a field)."""
+    return [text for text in element.iter(dialect.tag("t")) if _owner(text, dialect) is paragraph]
+
+
+def _owner(text: Any, dialect: Dialect) -> Any:
+    """The paragraph a text element's words belong to; None inside an element kept whole."""
+    for ancestor in text.iterancestors():
+        name = etree.QName(ancestor)
+        if name.namespace == dialect.namespace and name.localname in dialect.kept:
+            return None
+        if name.namespace == dialect.namespace and name.localname == "p":
+            return ancestor
+    return None
 
 
 def _text(child: Any, dialect: Dialect) -> str | None:
@@ -111,11 +132,13 @@ def _text(child: Any, dialect: Dialect) -> str | None:
 
 
 def _plain_word(child: Any) -> str | None:
-    """What a WordprocessingML run's child adds to its text: "" for its properties, None for what is no text."""
+    """What a WordprocessingML run's child adds to its text ("" for its properties); None for what is no text."""
     name = etree.QName(child).localname if isinstance(child.tag, str) else ""
-    if name not in _WORD_RUN or (name == "br" and child.attrib):  # a page or column break is no line of text
-        return None
-    return {"t": child.text or "", "tab": "\t", "br": "\n"}.get(name, "")
+    if name == "t":
+        return child.text or ""
+    if name == "br" and child.get(_WORD_TYPE, "textWrapping") != "textWrapping":
+        return None  # a page or column break is no line of text
+    return _WORD_RUN.get(name)
 
 
 def _key(run: Any, dialect: Dialect) -> bytes:

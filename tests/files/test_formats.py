@@ -386,6 +386,9 @@ def assert_only_changed(source: bytes, translated: bytes, changed: set[str]) -> 
     assert {name for name in before if before[name] != after[name]} == changed
 
 
+DRAWINGML = f"{OOXML}/drawingml/2006/main"
+
+
 def pptx_deck() -> bytes:
     import pptx
 
@@ -401,6 +404,12 @@ def pptx_deck() -> bytes:
     slide.notes_slide.notes_text_frame.text = "Thank the team."
     second = deck.slides.add_slide(deck.slide_layouts[5])  # a title only
     second.shapes.title.text = "Open %s now"
+    footer = second.shapes.add_textbox(0, 0, 100, 100).text_frame
+    footer.text = "Page "
+    field = '<a:fld xmlns:a="{A}" id="{{B1}}" type="{kind}"><a:rPr lang="en-US"/><a:t>{text}</a:t></a:fld>'
+    footer.paragraphs[0]._p.append(etree.fromstring(field.format(A=DRAWINGML, kind="slidenum", text="two")))
+    footer.add_paragraph()._p.append(etree.fromstring(field.format(A=DRAWINGML, kind="datetime1", text="today")))
+    deck.slides.add_slide(deck.slide_layouts[6])  # blank: no text, so written back as it was
     out = io.BytesIO()
     deck.save(out)
     return out.getvalue()
@@ -412,8 +421,10 @@ def test_pptx_slides_and_notes() -> None:
     data = pptx_deck()
     result = translate_file(data, "deck.pptx", "fr", loud, FileOptions())
     deck = pptx.Presentation(io.BytesIO(result.data))
-    first, second = deck.slides
+    first, second, _ = deck.slides
     assert first.shapes.title.text == "QUARTERLY REPORT" and second.shapes.title.text == "OPEN %s NOW"
+    footer = [shape for shape in second.shapes if not shape.is_placeholder][0].text_frame.paragraphs
+    assert [p.text for p in footer] == ["PAGE two", "today"]  # fields kept whole: the application writes them
     paragraph = first.placeholders[1].text_frame.paragraphs[0]
     assert [(run.text, run.font.bold) for run in paragraph.runs] == [
         ("SALES GREW ", False), ("FAST", True), (" THIS YEAR.", False), ("COSTS FELL.", None)
@@ -423,7 +434,7 @@ def test_pptx_slides_and_notes() -> None:
     slides = {"ppt/slides/slide1.xml", "ppt/slides/slide2.xml", "ppt/notesSlides/notesSlide1.xml"}
     assert_only_changed(data, result.data, slides)
     assert result.media_type.endswith("presentationml.presentation")
-    assert (result.format, result.translated) == ("pptx", 4)
+    assert (result.format, result.translated) == ("pptx", 5)
 
 
 ODP_CONTENT = (
@@ -646,3 +657,28 @@ def test_a_text_box_in_a_docx_paragraph_is_translated_once_as_its_own() -> None:
         assert [t.text for t in inner.iter(f"{{{w}}}t")] == ["INSIDE BOX"] and result.translated == 2
         own = [t.text or "" for t in outer.iter(f"{{{w}}}t") if next(t.iterancestors(f"{{{w}}}p")) is outer]
         assert "".join(own) == ("OUTER TEXT LINK" if link else "OUTER TEXT")
+
+
+def test_a_part_without_text_comes_back_with_its_own_bytes() -> None:
+    p = 'xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main"'
+    text = f'<p:sld {p} xmlns:a="{DRAWINGML}"><a:p><a:r><a:t>Hi</a:t></a:r></a:p></p:sld>'.encode()
+    blank = f"<?xml version='1.0'?>\n<p:sld {p}>\n  <p:cSld/>\n</p:sld>\n".encode()  # as no serialiser writes it
+    data = zipped({"ppt/presentation.xml": b"<p/>", "ppt/slides/slide1.xml": text, "ppt/slides/slide2.xml": blank})
+    assert_only_changed(data, translate_file(data, "a.pptx", "fr", loud, FileOptions()).data, {"ppt/slides/slide1.xml"})
+
+
+def test_docx_runs_marks_hyphens_and_breaks() -> None:
+    """Spelling marks are dropped (the translation would make them wrong), a non-breaking hyphen is text, a page
+    break stays a run of its own where it stood."""
+    w = f"{OOXML}/wordprocessingml/2006/main"
+    body = (f'<w:document xmlns:w="{w}"><w:body><w:p><w:proofErr w:type="spellStart"/><w:r><w:t>Colour</w:t></w:r>'
+            '<w:proofErr w:type="spellEnd"/><w:r><w:t xml:space="preserve"> e</w:t></w:r><w:r><w:noBreakHyphen/></w:r>'
+            '<w:r><w:t>mail</w:t><w:br w:type="textWrapping"/></w:r><w:r><w:br w:type="page"/></w:r>'
+            "</w:p></w:body></w:document>").encode()
+    data = zipped({"[Content_Types].xml": DOCX_TYPES, "_rels/.rels": DOCX_RELS, "word/document.xml": body})
+    result = translate_file(data, "a.docx", "fr", loud, FileOptions())
+    paragraph = etree.fromstring(entries(result.data)["word/document.xml"]).find(f".//{{{w}}}p")
+    assert [etree.QName(child).localname for child in paragraph] == ["r", "r"]
+    text, page = paragraph
+    assert [(etree.QName(c).localname, c.text) for c in text] == [("t", "COLOUR E\u2011MAIL"), ("br", None)]
+    assert page[0].get(f"{{{w}}}type") == "page"
