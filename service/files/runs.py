@@ -1,10 +1,10 @@
 """Paragraphs made of runs (WordprocessingML's w:r, DrawingML's a:r), each run's formatting in its properties (w:rPr,
 a:rPr): the paragraph read as one Segment, the text of runs formatted as most of the paragraph is as plain text, that
-of each other formatting inside a paired marker (so the translator puts it around the words it went to), what holds
-no text (a bookmark, a field, a drawing) as a marker kept whole; and the paragraph's runs rebuilt from the
-translation, each piece of text in a copy of a run of its formatting, each element kept whole moved where its
-marker stands. A paragraph this cannot read without losing
-text (a hyperlink's runs, tracked changes, a run with a field code) is None: its caller translates it whole."""
+of each other formatting inside a paired marker (so the translator puts it around the words it went to), a tab and
+what holds no text of the paragraph (a bookmark, a field, a drawing) as a marker kept whole; and the paragraph's
+runs rebuilt from the translation, each piece of text in a copy of a run of its formatting, each element kept whole
+moved where its marker stands. A paragraph with text this reading would lose (a hyperlink's runs, tracked changes)
+is None: its caller translates it whole."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Runs:
 
 def read(paragraph: Any, dialect: Dialect) -> Runs | None:
     """The paragraph's runs as a Segment (module docstring); None where it has text this reading would lose."""
-    groups: list[tuple[Any, str]] = []  # (a run, or an element kept whole with text None), merged by formatting
+    groups: list[tuple[Any, str | None]] = []  # (a run and its text, or an element kept whole and None)
     for child in paragraph:
         if not isinstance(child.tag, str) or etree.QName(child).localname in dialect.fixed | dialect.dropped:
             continue
@@ -72,10 +72,12 @@ def read(paragraph: Any, dialect: Dialect) -> Runs | None:
             if own_texts(child, paragraph, dialect):
                 return None  # text of this paragraph inside what is not a plain run
             groups.append((child, None))  # a text box's own paragraphs are read as paragraphs of their own
-        elif groups and groups[-1][1] is not None and _key(groups[-1][0], dialect) == _key(child, dialect):
-            groups[-1] = (groups[-1][0], groups[-1][1] + text)
         else:
-            groups.append((child, text))
+            for i, part in enumerate(text.split("\t")):
+                if i:
+                    groups.append((_tab(child, dialect), None))  # in its place, wherever the model puts it
+                if part:
+                    _add(groups, child, part, dialect)
     chars: dict[bytes, int] = {}
     for run, text in groups:
         if text is not None and text.strip():
@@ -98,6 +100,24 @@ def read(paragraph: Any, dialect: Dialect) -> Runs | None:
     segment.markup = "".join(parts)
     base = next(run for run, text in groups if text is not None and _key(run, dialect) == base_key)
     return Runs(paragraph, segment, base, dialect)
+
+
+def _add(groups: list[tuple[Any, str | None]], run: Any, text: str, dialect: Dialect) -> None:
+    """A run's text after the groups, in the last one where that is a run of the same formatting."""
+    if groups and groups[-1][1] is not None and _key(groups[-1][0], dialect) == _key(run, dialect):
+        groups[-1] = (groups[-1][0], groups[-1][1] + text)
+    else:
+        groups.append((run, text))
+
+
+def _tab(run: Any, dialect: Dialect) -> Any:
+    """A run of `run`'s formatting that is one tab (WordprocessingML's <w:tab/>, DrawingML's tab character)."""
+    made = _element(dialect.tag("r"), run.find(dialect.tag("rPr")), run.attrib)
+    if dialect.breaks_in_runs:
+        etree.SubElement(made, dialect.tag("tab"))
+    else:
+        etree.SubElement(made, dialect.tag("t")).text = "\t"
+    return made
 
 
 def own_texts(element: Any, paragraph: Any, dialect: Dialect) -> list[Any]:

@@ -254,12 +254,13 @@ def test_a_bold_word_of_a_docx_paragraph_stays_bold(client: TestClient) -> None:
     document = docx.Document()
     paragraph = document.add_paragraph("Click ")
     paragraph.add_run("here").bold = True
-    paragraph.add_run(" to save the whole file.")
+    paragraph.add_run(" to save the whole file.\tNow.")
     out = io.BytesIO()
     document.save(out)
     answer = send(client, "a.docx", out.getvalue(), response="file")
     assert answer.status_code == 200, answer.text
     runs = docx.Document(io.BytesIO(answer.content)).paragraphs[0].runs
     assert [bool(run.bold) for run in runs if run.text.strip()].count(True) == 1
-    assert "".join(run.text for run in runs) != "Click here to save the whole file."
+    assert "".join(run.text for run in runs) != "Click here to save the whole file.\tNow."
+    assert "".join(run.text for run in runs).count("\t") == 1  # the tab, kept whole, where the model put it
     assert_only_changed(out.getvalue(), answer.content, {"word/document.xml"})
