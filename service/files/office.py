@@ -1,9 +1,9 @@
 """Office documents as LibreTranslate offers them: .docx (WordprocessingML) and .pptx (PresentationML: each slide
 and its speaker notes), each paragraph translated whole, its runs' formatting around the words of the translation
-(service/files/runs.py; a paragraph with text elsewhere too, in a hyperlink or a tracked change, is written into its
-first run, keeping the paragraph's style and that run's formatting); .odt and .odp (OpenDocument text and
-presentation, one content.xml): each paragraph and heading, its spans around the words of the translation, its
-spaces, tabs and line breaks kept. Every other entry of the archive is copied as it was (service/files/archive.py)."""
+and its hyperlinks around theirs (service/files/runs.py; a paragraph with text elsewhere too, in a tracked change, is
+written into its first run, keeping the paragraph's style and that run's formatting); .odt and .odp (OpenDocument
+text and presentation, one content.xml): each paragraph and heading, its spans around the words of the translation,
+its spaces, tabs and line breaks kept. Every other entry of the archive is copied as it was (archive.py)."""
 
 from __future__ import annotations
 

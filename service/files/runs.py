@@ -3,8 +3,8 @@ a:rPr): the paragraph read as one Segment, the text of runs formatted as most of
 of each other formatting inside a paired marker (so the translator puts it around the words it went to), a tab and
 what holds no text of the paragraph (a bookmark, a field, a drawing) as a marker kept whole; and the paragraph's
 runs rebuilt from the translation, each piece of text in a copy of a run of its formatting, each element kept whole
-moved where its marker stands. A paragraph with text this reading would lose (a hyperlink's runs, tracked changes)
-is None: its caller translates it whole."""
+moved where its marker stands; a hyperlink of runs of one formatting as one marked piece. A paragraph with text this
+reading would lose (a hyperlink of several formattings, tracked changes) is None: its caller translates it whole."""
 
 from __future__ import annotations
 
@@ -65,13 +65,15 @@ def read(paragraph: Any, dialect: Dialect) -> Runs | None:
     for child in paragraph:
         if not isinstance(child.tag, str) or etree.QName(child).localname in dialect.fixed | dialect.dropped:
             continue
-        text = _text(child, dialect)
+        text = _text(child, dialect) if etree.QName(child).localname != "hyperlink" else _link_text(child, dialect)
         if text == "\n" and etree.QName(child).localname == "br" and groups and groups[-1][1] is not None:
             groups[-1] = (groups[-1][0], groups[-1][1] + text)  # DrawingML's break: a line of the run before it
         elif text is None or etree.QName(child).localname == "br":
             if own_texts(child, paragraph, dialect):
                 return None  # text of this paragraph inside what is not a plain run
             groups.append((child, None))  # a text box's own paragraphs are read as paragraphs of their own
+        elif _is_link(child):
+            groups.append((child, text))  # one marked piece; a tab in it stays a character of its text
         else:
             for i, part in enumerate(text.split("\t")):
                 if i:
@@ -80,11 +82,12 @@ def read(paragraph: Any, dialect: Dialect) -> Runs | None:
                     _add(groups, child, part, dialect)
     chars: dict[bytes, int] = {}
     for run, text in groups:
-        if text is not None and text.strip():
+        if text is not None and text.strip() and not _is_link(run):
             chars[_key(run, dialect)] = chars.get(_key(run, dialect), 0) + len(text)
-    if not chars:
+    links = [run for run, text in groups if _is_link(run)]
+    if not chars and not links or not any(text and text.strip() for _, text in groups):
         return None
-    base_key = max(chars, key=chars.__getitem__)  # the first of the commonest, as max keeps it
+    base_key = max(chars, key=chars.__getitem__) if chars else b""  # the first of the commonest, as max keeps it
     segment, parts = Segment(""), []
     for run, text in groups:
         index = len(segment.elements)
@@ -98,8 +101,25 @@ def read(paragraph: Any, dialect: Dialect) -> Runs | None:
             segment.paired.add(index)
             parts.append(f'<span data-i="{index}">{encoded(text)}</span>')
     segment.markup = "".join(parts)
-    base = next(run for run, text in groups if text is not None and _key(run, dialect) == base_key)
-    return Runs(paragraph, segment, base, dialect)
+    bases = (run for run, text in groups if text is not None and not _is_link(run) and _key(run, dialect) == base_key)
+    base = next(bases, None)
+    return Runs(paragraph, segment, links[0].find(dialect.tag("r")) if base is None else base, dialect)
+
+
+def _link_text(link: Any, dialect: Dialect) -> str | None:
+    """A WordprocessingML hyperlink's text, where it is plain runs of one formatting (read as one marked piece, the
+    link around the words of its translation); None otherwise."""
+    runs = list(link)
+    texts = [_text(run, dialect) for run in runs]
+    if not runs or any(text is None for text in texts):
+        return None
+    if len({_key(run, dialect) for run in runs}) > 1:
+        return None
+    return "".join(text or "" for text in texts)
+
+
+def _is_link(element: Any) -> bool:
+    return isinstance(element.tag, str) and etree.QName(element).localname == "hyperlink"
 
 
 def _add(groups: list[tuple[Any, str | None]], run: Any, text: str, dialect: Dialect) -> None:
@@ -162,34 +182,47 @@ def _plain_word(child: Any) -> str | None:
 
 
 def _key(run: Any, dialect: Dialect) -> bytes:
-    """A run's formatting: its properties as written."""
+    """A run's formatting: its properties as written (a hyperlink's: its own, shared with nothing else)."""
+    if _is_link(run):
+        return b"hyperlink %d" % id(run)
     props = run.find(dialect.tag("rPr"))
     return etree.tostring(props) if props is not None else b""
 
 
 def write(runs: Runs, translation: str) -> None:
     """The paragraph's runs replaced by the translation's: its plain text in copies of the base run, each marked
-    piece in a copy of its own run, each element kept whole where its marker stands (at the end where the
-    translation lost it)."""
-    segment, stack, placed = runs.segment, [runs.base], set()
-    laid: list[tuple[Any, str | None]] = []  # (a run to copy and its text) or (an element kept whole, None)
+    piece in a copy of its own run (a hyperlink's in a copy of the hyperlink), each element kept whole where its
+    marker stands (at the end where the translation lost it)."""
+    segment, made, placed, text = runs.segment, [], set(), [""]
+    stack: list[tuple[Any, Any]] = [(runs.base, made)]  # (the run whose formatting text takes, where its runs go)
+
+    def flush() -> None:
+        template, sink = stack[-1]
+        sink.extend(_runs_of(template, text[0], runs.dialect))
+        text[0] = ""
+
     for piece in pieces(translation):
-        if isinstance(piece, str) and laid and laid[-1][0] is stack[-1] and laid[-1][1] is not None:
-            laid[-1] = (stack[-1], laid[-1][1] + piece)
-        elif isinstance(piece, str):
-            laid.append((stack[-1], piece))
+        if isinstance(piece, str):
+            text[0] += piece
         elif piece[0] == "open" and piece[1] in segment.paired and piece[1] not in placed:
+            flush()
             placed.add(piece[1])
-            stack.append(segment.elements[piece[1]])
+            element = segment.elements[piece[1]]
+            if _is_link(element):
+                link = etree.Element(element.tag, dict(element.attrib))
+                stack[-1][1].append(link)
+                stack.append((element.find(runs.dialect.tag("r")), link))
+            else:
+                stack.append((element, stack[-1][1]))
         elif piece[0] == "close" and len(stack) > 1:
+            flush()
             stack.pop()
         elif piece[0] == "void" and piece[1] < len(segment.elements) and piece[1] not in segment.paired | placed:
+            flush()
             placed.add(piece[1])
-            laid.append((segment.elements[piece[1]], None))
-    laid += [(segment.elements[i], None) for i in range(len(segment.elements)) if i not in segment.paired | placed]
-    made = []
-    for element, text in laid:  # an element kept whole is moved, not copied: a text box in it is an item of its own
-        made += [element] if text is None else _runs_of(element, text, runs.dialect)
+            stack[-1][1].append(segment.elements[piece[1]])  # moved, not copied: a text box in it is an item itself
+    flush()
+    made += [segment.elements[i] for i in range(len(segment.elements)) if i not in segment.paired | placed]
     _replace_content(runs.paragraph, made, runs.dialect)
 
 

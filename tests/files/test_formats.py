@@ -587,8 +587,9 @@ def test_damaged_archives_raise_file_error_only(name: str, at: float, cut: bool,
 
 def test_docx_runs_keep_their_formatting_around_the_words() -> None:
     """A bold and an italic word mid-sentence come back bold and italic around their translations; a line break
-    stays in its run, a tab goes to the model as a marker kept whole; a bookmark stays where it was; a paragraph
-    with a hyperlink is written whole into its first run (the hyperlink's text emptied, not lost)."""
+    stays in its run, a tab goes to the model as a marker kept whole; a bookmark stays where it was; a hyperlink
+    goes around the words of its translation, or, where its runs differ in formatting, the paragraph is written
+    whole into its first run (the hyperlink's text emptied, not lost)."""
     import docx
     from docx.oxml import parse_xml
 
@@ -601,8 +602,12 @@ def test_docx_runs_keep_their_formatting_around_the_words() -> None:
     paragraph.add_run("or later.")
     w = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
     paragraph._p.append(parse_xml(f'<w:bookmarkEnd {w} w:id="0"/>'))
-    linked = document.add_paragraph("See ")
-    linked._p.append(parse_xml(f'<w:hyperlink {w} w:anchor="x"><w:r><w:t>the site</w:t></w:r></w:hyperlink>'))
+    link = '<w:hyperlink {w} r:id="rId9" xmlns:r="{r}"><w:r><w:rPr><w:rStyle w:val="Hyperlink"/></w:rPr>{runs}'
+    link += "</w:hyperlink>"
+    r = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
+    document.add_paragraph("See ")._p.append(parse_xml(link.format(w=w, r=r, runs="<w:t>the site</w:t></w:r>")))
+    mixed = "<w:t>the </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t>site</w:t></w:r>"
+    document.add_paragraph("See ")._p.append(parse_xml(link.format(w=w, r=r, runs=mixed)))
     out = io.BytesIO()
     document.save(out)
     result = translate_file(out.getvalue(), "a.docx", "fr", loud, FileOptions())
@@ -612,7 +617,12 @@ def test_docx_runs_keep_their_formatting_around_the_words() -> None:
         (" FILE.", False, False), ("\t", False, False), ("NOW\nOR LATER.", False, False),  # the tab a run of its own
     ]
     assert etree.QName(translated[0]._p[-1]).localname == "bookmarkEnd"
-    assert translated[1].text == "SEE THE SITE" and translated[1].runs[0].text == "SEE THE SITE"
+    assert [run.text for run in translated[1].runs] == ["SEE "] and translated[1].text == "SEE THE SITE"
+    [hyperlink] = translated[1].hyperlinks  # around the words of its translation, its runs' formatting kept
+    assert hyperlink.text == "THE SITE" and hyperlink.runs[0]._r.rPr.rStyle.val == "Hyperlink"
+    assert translated[1]._p[-1].get(f"{{{r}}}id") == "rId9"
+    assert translated[2].runs[0].text == "SEE THE SITE" and not translated[2].hyperlinks[0].text  # runs of two
+    # formattings in a hyperlink: the paragraph is written whole into its first run
     assert_only_changed(out.getvalue(), result.data, {"word/document.xml"})
 
 
@@ -682,3 +692,38 @@ def test_docx_runs_marks_hyphens_and_breaks() -> None:
     text, page = paragraph
     assert [(etree.QName(c).localname, c.text) for c in text] == [("t", "COLOUR E\u2011MAIL"), ("br", None)]
     assert page[0].get(f"{{{w}}}type") == "page"
+
+
+def word_chars(paragraph: etree._Element) -> list[tuple[str, bool, bool]]:
+    """Each character of a WordprocessingML paragraph: its text (a tab, a break as \\t, \\n), bold, in a hyperlink."""
+    w = f"{{{OOXML}/wordprocessingml/2006/main}}"
+    found = []
+    for run in paragraph.iter(f"{w}r"):
+        bold = run.find(f"{w}rPr/{w}b") is not None
+        linked = run.getparent().tag == f"{w}hyperlink"
+        for child in run:
+            text = {f"{w}t": child.text or "", f"{w}tab": "\t", f"{w}br": "\n"}.get(child.tag, "")
+            found += [(char, bold, linked) for char in text]
+    return found
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.text(st.sampled_from("ab <&%s\t{}"), min_size=1, max_size=8), st.booleans(),
+                          st.booleans()), min_size=1, max_size=6))
+def test_docx_runs_and_hyperlinks_read_and_written_back_unchanged(runs: list[tuple[str, bool, bool]]) -> None:
+    """With a translator that gives each text back, every character keeps its formatting and its hyperlink."""
+    from xml.sax.saxutils import escape
+
+    w = f"{OOXML}/wordprocessingml/2006/main"
+    parts = []
+    for text, bold, linked in runs:
+        run = f'<w:r>{"<w:rPr><w:b/></w:rPr>" if bold else ""}<w:t xml:space="preserve">{escape(text)}</w:t></w:r>'
+        parts.append(f'<w:hyperlink w:anchor="a">{run}</w:hyperlink>' if linked else run)
+    body = f'<w:document xmlns:w="{w}"><w:body><w:p>{"".join(parts)}</w:p></w:body></w:document>'.encode()
+    data = zipped({"word/document.xml": body})
+    source = etree.fromstring(body).find(f".//{{{w}}}p")
+    if not "".join(source.itertext()).strip():
+        return
+    result = translate_file(data, "a.docx", "fr", same, FileOptions())
+    paragraph = etree.fromstring(entries(result.data)["word/document.xml"]).find(f".//{{{w}}}p")
+    assert word_chars(paragraph) == word_chars(source)

@@ -248,6 +248,9 @@ def test_frontend_settings_offer_presentations_and_books(client: TestClient) -> 
     assert unknown.status_code == 400 and all(s in unknown.json()["error"] for s in (".pptx", ".odp", ".epub"))
 
 
+W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+
+
 def test_a_bold_word_of_a_docx_paragraph_stays_bold(client: TestClient) -> None:
     import docx
 
@@ -255,6 +258,9 @@ def test_a_bold_word_of_a_docx_paragraph_stays_bold(client: TestClient) -> None:
     paragraph = document.add_paragraph("Click ")
     paragraph.add_run("here").bold = True
     paragraph.add_run(" to save the whole file.\tNow.")
+    w = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+    link = f'<w:hyperlink {w} w:anchor="help"><w:r><w:t>Read the help.</w:t></w:r></w:hyperlink>'
+    document.add_paragraph("Or ")._p.append(etree.fromstring(link))
     out = io.BytesIO()
     document.save(out)
     answer = send(client, "a.docx", out.getvalue(), response="file")
@@ -263,4 +269,6 @@ def test_a_bold_word_of_a_docx_paragraph_stays_bold(client: TestClient) -> None:
     assert [bool(run.bold) for run in runs if run.text.strip()].count(True) == 1
     assert "".join(run.text for run in runs) != "Click here to save the whole file.\tNow."
     assert "".join(run.text for run in runs).count("\t") == 1  # the tab, kept whole, where the model put it
+    [link] = docx.Document(io.BytesIO(answer.content)).paragraphs[1].hyperlinks
+    assert link.text.strip() and link.text != "Read the help." and link._hyperlink.get(f"{{{W}}}anchor") == "help"
     assert_only_changed(out.getvalue(), answer.content, {"word/document.xml"})
