@@ -40,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --glossary {args.glossary}: {error}", file=sys.stderr)
         return EXIT_FAILED
     options = FileOptions(fuzzy=args.fuzzy, only_untranslated=not args.overwrite)
-    translate = _through_server(args) if args.server else _in_process(args)
+    try:
+        translate = _through_server(args) if args.server else _in_process(args)
+    except ServiceError as error:  # settings or model folders the models cannot be served with
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     failed = 0
     for path in tqdm(files, unit="file", disable=args.quiet or len(files) < 2):
         try:
@@ -167,6 +171,7 @@ def _posted(url: str, body: dict) -> dict:
 def _in_process(args: argparse.Namespace) -> Translate:
     """The model folders of --models-dir loaded here, as the server loads them (its settings from MT_* variables),
     each file's strings through them; with --source auto, the language detected from the file's strings."""
+    from service.api.translate import check_glossary
     from service.files.segments import Segment
     from service.metrics import Metrics
     from service.settings import Settings
@@ -175,6 +180,7 @@ def _in_process(args: argparse.Namespace) -> Translate:
     from service.translation.registry import Registry, load_translators
 
     settings = Settings(models_dir=args.models_dir, engine_process=False, pin_cores=False)
+    check_glossary(settings, args.terms)
     translators = load_translators(settings, Metrics())
     registry = Registry(translators)
     detector = Detector([*registry.languages_served(), *settings.detect_languages], settings.detect_accuracy)

@@ -131,3 +131,16 @@ def test_in_process_with_a_glossary(model_dir: Path, tmp_path: Path, monkeypatch
     args = [str(path), "--target", "fr", "--source", "en", "--models-dir", str(folder), "--glossary", str(glossary)]
     assert main([*args, "--quiet"]) == 0
     assert glossaries.seen == [{"file": "fichier"}]
+
+
+def test_in_process_a_glossary_needs_the_models_placeholders(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    path, glossary = tmp_path / "a.json", tmp_path / "glossary.json"
+    path.write_text('{"a": "Hi"}')
+    glossary.write_text('{"file": "fichier"}')
+    monkeypatch.setenv("MT_MASK_SYMBOLS", "false")
+    args = [str(path), "--target", "fr", "--source", "en", "--models-dir", str(model_dir.parent), "--glossary"]
+    assert main([*args, str(glossary)]) == 1
+    assert "no placeholders (MT_MASK_SYMBOLS=false), which a glossary needs" in capsys.readouterr().err
+    assert path.read_text() == '{"a": "Hi"}'
