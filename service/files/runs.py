@@ -28,7 +28,7 @@ class Dialect:
     namespace: str
     fixed: frozenset[str]  # the paragraph's children that stay where they are: its properties, its end's
     breaks_in_runs: bool  # WordprocessingML: <w:br/> and <w:tab/> inside a run; DrawingML: <a:br> between runs
-    kept: frozenset[str] = frozenset()  # kept whole though they hold text: DrawingML's fields (a slide's number)
+    kept: frozenset[str] = frozenset()  # kept whole though they hold text: fields (a page's, a slide's number)
     dropped: frozenset[str] = frozenset()  # marks the translation makes wrong: Word's spelling and grammar errors
 
     def tag(self, name: str) -> str:
@@ -37,7 +37,7 @@ class Dialect:
 
 WORD = Dialect(
     "http://schemas.openxmlformats.org/wordprocessingml/2006/main", frozenset({"pPr"}), True,
-    dropped=frozenset({"proofErr"}),
+    kept=frozenset({"fldSimple"}), dropped=frozenset({"proofErr"}),
 )
 DRAWING = Dialect(
     "http://schemas.openxmlformats.org/drawingml/2006/main", frozenset({"pPr", "endParaRPr"}), False,

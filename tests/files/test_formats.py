@@ -679,19 +679,19 @@ def test_a_part_without_text_comes_back_with_its_own_bytes() -> None:
 
 def test_docx_runs_marks_hyphens_and_breaks() -> None:
     """Spelling marks are dropped (the translation would make them wrong), a non-breaking hyphen is text, a page
-    break stays a run of its own where it stood."""
+    break stays a run of its own where it stood, a field (its result the application's) is kept whole."""
     w = f"{OOXML}/wordprocessingml/2006/main"
     body = (f'<w:document xmlns:w="{w}"><w:body><w:p><w:proofErr w:type="spellStart"/><w:r><w:t>Colour</w:t></w:r>'
             '<w:proofErr w:type="spellEnd"/><w:r><w:t xml:space="preserve"> e</w:t></w:r><w:r><w:noBreakHyphen/></w:r>'
             '<w:r><w:t>mail</w:t><w:br w:type="textWrapping"/></w:r><w:r><w:br w:type="page"/></w:r>'
-            "</w:p></w:body></w:document>").encode()
+            '<w:fldSimple w:instr="PAGE"><w:r><w:t>two</w:t></w:r></w:fldSimple></w:p></w:body></w:document>').encode()
     data = zipped({"[Content_Types].xml": DOCX_TYPES, "_rels/.rels": DOCX_RELS, "word/document.xml": body})
     result = translate_file(data, "a.docx", "fr", loud, FileOptions())
     paragraph = etree.fromstring(entries(result.data)["word/document.xml"]).find(f".//{{{w}}}p")
-    assert [etree.QName(child).localname for child in paragraph] == ["r", "r"]
-    text, page = paragraph
+    assert [etree.QName(child).localname for child in paragraph] == ["r", "r", "fldSimple"]
+    text, page, field = paragraph
     assert [(etree.QName(c).localname, c.text) for c in text] == [("t", "COLOUR E\u2011MAIL"), ("br", None)]
-    assert page[0].get(f"{{{w}}}type") == "page"
+    assert page[0].get(f"{{{w}}}type") == "page" and "".join(field.itertext()) == "two"  # a field: kept whole
 
 
 def word_chars(paragraph: etree._Element) -> list[tuple[str, bool, bool]]:
