@@ -1,7 +1,8 @@
 """POST /translate_file, as LibreTranslate takes it (multipart `file`, `source` or "auto", `target`, `api_key`), and
 GET /download_file/{token}/{filename}: a localisation file's strings go through the model together (service/files
 reads and writes the formats), and the file comes back whole or not at all: by a download URL that serves it for
-MT_FILE_STORE_SECONDS, or in the answer itself with `response=file`."""
+MT_FILE_STORE_SECONDS, or in the answer itself with `response=file`. A `glossary` field (a JSON object, checked as
+/translate checks its own) adds its terms over the server's MT_GLOSSARY_FILE."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ from urllib.parse import quote
 
 from fastapi import Request
 from fastapi.responses import Response
+from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from service.api.answers import STATUS, JSONAnswer
+from service.api.answers import STATUS, JSONAnswer, describe_validation
+from service.api.schemas import GLOSSARY
 from service.api.state import State
-from service.api.translate import check_key
+from service.api.translate import check_glossary, check_items, check_key
 from service.errors import InvalidRequest, NotFound, ServiceError, TooLarge
 from service.files import FileError, FileOptions, formats, source_texts, translate_file
 from service.text.detection import auto_source
 from service.translation.bulk import translated_texts
 
 DETECTED_TEXTS = 200  # with source "auto", the strings of the file the detector reads
-FIELDS = frozenset({"file", "source", "target", "api_key", "fuzzy", "overwrite", "response", "model"})
+FIELDS = frozenset({"file", "source", "target", "api_key", "fuzzy", "overwrite", "response", "model", "glossary"})
 TRUE, FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 
 
@@ -67,6 +70,7 @@ async def translated_answer(
         fuzzy=flag(fields, "fuzzy", settings.file_fuzzy),
         only_untranslated=not flag(fields, "overwrite", False),
     )
+    glossary = form_glossary(state, fields.get("glossary") or "")
     model = fields.get("model") or None
     source = fields.get("source") or "auto"
     if source == "auto":
@@ -80,7 +84,7 @@ async def translated_answer(
     loop = asyncio.get_running_loop()
 
     def translate(texts: list[str], fmt: str) -> list[str]:  # on a worker thread: the file's strings, all at once
-        work = translated_texts(translator, texts, target, fmt == "html", settings)
+        work = translated_texts(translator, texts, target, fmt == "html", settings, glossary)
         return asyncio.run_coroutine_threadsafe(work, loop).result()
 
     result = await asyncio.to_thread(translate_file, data, filename, target, translate, options)
@@ -101,10 +105,19 @@ async def download_file(state: State, token: str, filename: str) -> Response:
     return Response(stored.data, media_type=stored.media_type, headers={"Content-Disposition": disposition})
 
 
-
-
-
-
+def form_glossary(state: State, text: str) -> dict[str, str] | None:
+    """The form's `glossary`, a JSON object of terms and their translations, checked as /translate checks its own
+    (TooLarge over MAX_REQUEST_TERMS terms, InvalidRequest naming the term and what to change); None if empty."""
+    if not text.strip():
+        return None
+    try:
+        terms = GLOSSARY.validate_python(text)
+    except ValidationError as error:
+        errors = [{**e, "loc": ("glossary", *e["loc"])} for e in error.errors()]
+        raise InvalidRequest(describe_validation(errors)) from None
+    check_items(state.settings, {"glossary": terms})
+    check_glossary(state.settings, terms)
+    return terms or None
 
 
 def known_suffix(filename: str) -> str:

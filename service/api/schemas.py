@@ -4,11 +4,34 @@ schema documents them)."""
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, field_validator
 
 from service.text.glossary import MAX_REQUEST_TERMS, MAX_TERM_CHARS, problem
+
+
+def _glossary_in_a_form(value: object) -> object:
+    """A form's field is text: a JSON object there is the glossary."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError("a glossary in a form is a JSON object of terms and their translations") from None
+    return value
+
+
+def _terms(value: dict[str, str] | None) -> dict[str, str] | None:
+    for term, translation in (value or {}).items():
+        found = problem(term, translation)
+        if found:
+            raise ValueError(f"glossary term {term[:MAX_TERM_CHARS]!r}: {found}")
+    return value
+
+
+# a request's glossary, /translate's and /translate_file's: a JSON object (in a form, its text), each term checked
+RequestGlossary = Annotated[dict[str, str] | None, BeforeValidator(_glossary_in_a_form), AfterValidator(_terms)]
+GLOSSARY = TypeAdapter(RequestGlossary)
 
 
 class TranslateRequest(BaseModel):
@@ -36,32 +59,12 @@ class TranslateRequest(BaseModel):
         None, gt=0, allow_inf_nan=False, description="seconds; can only lower the server's deadline"
     )
     return_scores: bool = Field(False, description="add each text's mean normalised log-probability")
-    glossary: dict[str, str] | None = Field(
+    glossary: RequestGlossary = Field(
         None,
         description="term -> its translation (the term itself keeps it as written): each occurrence of a term, a "
         "whole word in its case as written, goes to the model as a placeholder and comes back as its translation; "
         f"at most {MAX_REQUEST_TERMS} terms of {MAX_TERM_CHARS} characters (in a form: a JSON object)",
     )
-
-    @field_validator("glossary", mode="before")
-    @classmethod
-    def _glossary_in_a_form(cls, value: object) -> object:
-        """A form's field is text: a JSON object there is the glossary."""
-        if isinstance(value, str):
-            try:
-                return json.loads(value)
-            except json.JSONDecodeError:
-                raise ValueError("a glossary in a form is a JSON object of terms and their translations") from None
-        return value
-
-    @field_validator("glossary")
-    @classmethod
-    def _terms(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        for term, translation in (value or {}).items():
-            found = problem(term, translation)
-            if found:
-                raise ValueError(f"glossary term {term[:MAX_TERM_CHARS]!r}: {found}")
-        return value
 
     @field_validator("format", mode="before")
     @classmethod

@@ -232,11 +232,7 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
         raise InvalidRequest(f"beam_size and alternatives + 1 may be at most {settings.max_beam_size}")
     if body.max_length is not None and body.max_length > settings.max_output_tokens:
         raise InvalidRequest(f"max_length may be at most {settings.max_output_tokens}")
-    if body.glossary and not settings.mask_symbols:
-        raise InvalidRequest(
-            "this server gives its model no placeholders (MT_MASK_SYMBOLS=false), which a glossary needs: "
-            "send the request without one"
-        )
+    check_glossary(settings, body.glossary)
     return TranslateOptions(
         beam_size=beam,
         alternatives=body.alternatives,
@@ -246,6 +242,15 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
         timeout=body.timeout,
         return_scores=body.return_scores,  # else greedy steps may skip the log-softmax
     )
+
+
+def check_glossary(settings: Settings, glossary: dict[str, str] | None) -> None:
+    """A request's glossary needs the model's placeholders; InvalidRequest where the server gives it none."""
+    if glossary and not settings.mask_symbols:
+        raise InvalidRequest(
+            "this server gives its model no placeholders (MT_MASK_SYMBOLS=false), which a glossary needs: "
+            "send the request without one"
+        )
 
 
 def translate_response(

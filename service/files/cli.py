@@ -1,7 +1,8 @@
 """mt-translate-files: localisation files (or folders of them) translated in place or into --out, through a running
 server (--server, its POST /translate) or through the models in-process (--models-dir). Each file is written whole
 or not at all (a temporary file beside it, then renamed); the exit status is 1 if any file could not be translated,
-each such file named with the reason."""
+each such file named with the reason. `--glossary` adds a JSON object of terms and their translations over the
+server's MT_GLOSSARY_FILE, as /translate's `glossary` does."""
 
 from __future__ import annotations
 
@@ -33,8 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print(f"error: no file of a supported format ({', '.join(formats())}) in {args.paths}", file=sys.stderr)
         return EXIT_FAILED
+    try:
+        args.terms = _glossary(args.glossary) if args.glossary else None
+    except (OSError, ValueError) as error:
+        print(f"error: --glossary {args.glossary}: {error}", file=sys.stderr)
+        return EXIT_FAILED
     options = FileOptions(fuzzy=args.fuzzy, only_untranslated=not args.overwrite)
-    translate = _through_server(args) if args.server else _in_process(args)
+    try:
+        translate = _through_server(args) if args.server else _in_process(args)
+    except ServiceError as error:  # settings or model folders the models cannot be served with
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     failed = 0
     for path in tqdm(files, unit="file", disable=args.quiet or len(files) < 2):
         try:
@@ -57,12 +67,30 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--server", help="a running server's URL, e.g. http://127.0.0.1:8000")
     where.add_argument("--models-dir", type=Path, help="translate in this process with the model folders here")
     parser.add_argument("--api-key", help="a key of the server's MT_API_KEYS, where it has them")
+    parser.add_argument("--glossary", type=Path, help='a JSON file of terms and their translations, {"file": '
+                        '"fichier"}, over the server\'s MT_GLOSSARY_FILE')
     parser.add_argument("--out", type=Path, help="write here (a folder for several files) instead of in place")
     parser.add_argument("--fuzzy", action=argparse.BooleanOptionalAction, default=True,
                         help="mark machine translations for review where the format can (default: yes)")
     parser.add_argument("--overwrite", action="store_true", help="translate entries that are already translated")
     parser.add_argument("--quiet", action="store_true", help="no progress, errors only")
     return parser
+
+
+def _glossary(path: Path) -> dict[str, str] | None:
+    """The --glossary file's terms, checked as /translate checks a request's; ValueError saying what to change."""
+    from pydantic import ValidationError
+
+    from service.api.answers import describe_validation
+    from service.api.schemas import GLOSSARY
+
+    try:
+        return GLOSSARY.validate_python(path.read_text(encoding="utf-8")) or None
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text: save it as UTF-8") from None
+    except ValidationError as error:
+        errors = [{**e, "loc": ("glossary", *e["loc"])} for e in error.errors()]
+        raise ValueError(describe_validation(errors).removeprefix("invalid request: ")) from None
 
 
 def _files(paths: list[Path]) -> list[Path]:
@@ -115,6 +143,8 @@ def _through_server(args: argparse.Namespace) -> Translate:
                     "format": fmt}
             if args.api_key:
                 body["api_key"] = args.api_key
+            if args.terms:
+                body["glossary"] = args.terms
             out += _posted(url, body)["translatedText"]
         return out
 
@@ -141,6 +171,7 @@ def _posted(url: str, body: dict) -> dict:
 def _in_process(args: argparse.Namespace) -> Translate:
     """The model folders of --models-dir loaded here, as the server loads them (its settings from MT_* variables),
     each file's strings through them; with --source auto, the language detected from the file's strings."""
+    from service.api.translate import check_glossary
     from service.files.segments import Segment
     from service.metrics import Metrics
     from service.settings import Settings
@@ -149,6 +180,7 @@ def _in_process(args: argparse.Namespace) -> Translate:
     from service.translation.registry import Registry, load_translators
 
     settings = Settings(models_dir=args.models_dir, engine_process=False, pin_cores=False)
+    check_glossary(settings, args.terms)
     translators = load_translators(settings, Metrics())
     registry = Registry(translators)
     detector = Detector([*registry.languages_served(), *settings.detect_languages], settings.detect_accuracy)
@@ -165,7 +197,9 @@ def _in_process(args: argparse.Namespace) -> Translate:
             sources, pairs = registry.sources_into(args.target, None), registry.pairs()
             source, _ = auto_source(sample, sources, detector, settings.detect_refuse_confidence, args.target, pairs)
         translator = registry.pick(source, args.target, None)
-        return loop.run_until_complete(translated_texts(translator, texts, args.target, fmt == "html", settings))
+        return loop.run_until_complete(
+            translated_texts(translator, texts, args.target, fmt == "html", settings, args.terms)
+        )
 
     return translate
 

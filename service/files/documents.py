@@ -1,18 +1,26 @@
 """Documents as LibreTranslate offers them: plain text (.txt: each paragraph a string, its line breaks kept),
-subtitles (.srt: each cue's text, its number and timings kept, its lines re-broken at the source's proportions) and
-HTML (.html, .htm: the page through the translator's HTML mode, in pieces cut after block elements)."""
+subtitles (.srt: each cue's text, its number and timings kept, its lines re-broken at the source's proportions),
+HTML (.html, .htm: the page through the translator's HTML mode, in pieces cut after block elements) and EPUB (.epub:
+each XHTML content document as an HTML page, every other entry of the book as it was)."""
 
 from __future__ import annotations
 
+import posixpath
 import re
+from urllib.parse import unquote
 
+from service.files.archive import Archive
 from service.files.catalogue import FileError, FileOptions, Item, decoded
 from service.files.segments import Segment
+from service.files.xml import parsed
 
 _PARAGRAPH_BREAK = re.compile(r"(\n[ \t]*\n+)")
 _TIMING = re.compile(r"\d\d:\d\d:\d\d[,.]\d{3} --> \d\d:\d\d:\d\d[,.]\d{3}")
 _BLOCK_END = re.compile(r"</(?:p|div|li|h[1-6]|tr|table|ul|ol|section|article|header|footer|blockquote|pre)\s*>", re.I)
 HTML_PIECE_CHARS = 8_000  # a page goes to the translator in pieces of about this size, each cut after a block
+CONTAINER = "urn:oasis:names:tc:opendocument:xmlns:container"
+OPF = "http://www.idpf.org/2007/opf"
+XHTML = "application/xhtml+xml"
 
 
 class PlainText:
@@ -98,3 +106,41 @@ def _pieces(page: str) -> list[str]:
         last_cut = match.end()
     pieces.append(page[start:])
     return [piece for piece in pieces if piece] or [page] if last_cut >= 0 else [page]
+
+
+class Epub(Archive):
+    """An EPUB 2 or 3 book: each XHTML content document its package lists (the manifest's application/xhtml+xml
+    items: chapters, EPUB 3's navigation document) translated as an HTML page is; the package document, the NCX,
+    styles, images and fonts kept byte for byte."""
+
+    name, suffixes, media_type = "epub", (".epub",), "application/epub+zip"
+
+    def _items(self) -> list[Item]:
+        self.pages: dict[str, list[str]] = {}
+        items = []
+        for entry in self._content_documents():
+            self.pages[entry] = _pieces(decoded(self.read(entry), f"{self.filename}:{entry}", ("utf-8",)))
+            items += [Item([Segment(piece)], (entry, i)) for i, piece in enumerate(self.pages[entry]) if piece.strip()]
+        return items
+
+    def _content_documents(self) -> list[str]:
+        """The entries of the manifest's XHTML items, from the package document META-INF/container.xml names."""
+        where = f"{self.filename}:META-INF/container.xml"
+        rootfile = parsed(self.read("META-INF/container.xml"), where, "an EPUB container").find(
+            f".//{{{CONTAINER}}}rootfile"
+        )
+        package_path = rootfile.get("full-path") if rootfile is not None else None
+        if not package_path:
+            raise FileError(400, f"{where}: no <rootfile full-path=...>: it must name the package document (.opf)")
+        package = parsed(self.read(package_path), f"{self.filename}:{package_path}", "an EPUB package document")
+        base = posixpath.dirname(package_path)
+        hrefs = [item.get("href") for item in package.iter(f"{{{OPF}}}item") if item.get("media-type") == XHTML]
+        return list(dict.fromkeys(posixpath.normpath(posixpath.join(base, unquote(h))) for h in hrefs if h))
+
+    def put(self, item: Item, translations: list[str]) -> None:
+        entry, index = item.at
+        self.pages[entry][index] = translations[0]  # HTML in, HTML out: the translator kept the markup
+
+    def written(self) -> dict[str, bytes]:
+        translated = {entry for entry, _ in (item.at for item in self.items)}
+        return {entry: "".join(self.pages[entry]).encode("utf-8") for entry in translated}

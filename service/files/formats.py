@@ -21,8 +21,11 @@ HANDLERS = (
     documents.Subtitles,
     documents.PlainText,
     documents.Html,
+    documents.Epub,
     office.Docx,
+    office.Pptx,
     office.Odt,
+    office.Odp,
 )
 
 
@@ -37,7 +40,7 @@ class TranslatedFile:
     data: bytes
     filename: str
     media_type: str
-    format: str  # the format's short name: po, xliff, android, json, properties, strings, srt, txt, html, docx, odt
+    format: str  # the format's short name (its handler's `name`): po, xliff, android, json, ..., docx, pptx, epub
     units: int  # strings the file holds
     translated: int  # translated now
     kept: int  # left as they were (already translated, or marked not to translate)

@@ -16,15 +16,21 @@ CHUNKS_IN_FLIGHT = 4  # requests of one file in the queue at once: enough to fil
 
 
 async def translated_texts(
-    translator: Translator, texts: list[str], target: str, html: bool, settings: Settings
+    translator: Translator,
+    texts: list[str],
+    target: str,
+    html: bool,
+    settings: Settings,
+    glossary: dict[str, str] | None = None,
 ) -> list[str]:
     """`texts` translated in requests of CHUNK_TEXTS texts and CHUNK_CHARS characters at most, CHUNKS_IN_FLIGHT of
     them queued at once, so that a file's strings share the engine's batches; a request with more sentences than a
-    request may have is split in two until it fits. The first failure fails the whole file."""
+    request may have is split in two until it fits. The first failure fails the whole file. The server's glossary
+    for the pair applies, `glossary`'s terms over it (a term in both: `glossary`'s translation)."""
     options = TranslateOptions(
         beam_size=settings.default_beam_size, length_penalty=settings.default_length_penalty, html=html
     )
-    options = replace(options, glossary=translator.glossary(target, None))
+    options = replace(options, glossary=translator.glossary(target, glossary))
     gate = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
 
     async def one(chunk: list[str]) -> list[str]:

@@ -1,5 +1,6 @@
 """mt-translate-files: through a server (a stand-in on loopback that answers POST /translate as the server does) and
-in-process on the tiny model; files written whole or not at all, a non-zero exit naming each file that failed."""
+in-process on the tiny model; files written whole or not at all, a non-zero exit naming each file that failed; a
+--glossary file checked and sent with every request."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from translate.storage import pypo
 
 from service.files.cli import main
 from tests.files.test_formats import PO, loud
+from tests.service.test_translate_file import Glossaries
 
 
 class StandIn(BaseHTTPRequestHandler):
@@ -100,3 +102,45 @@ def test_in_process_on_the_tiny_model(model_dir: Path, tmp_path: Path) -> None:
     assert main([str(path), "--target", "fr", "--source", "en", "--models-dir", str(folder), "--quiet"]) == 0
     store = pypo.pofile.parsestring(path.read_bytes())
     assert all(u.target for u in store.units if not u.isheader())
+
+
+def test_a_glossary_goes_with_every_request(server: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path, glossary = tmp_path / "a.json", tmp_path / "glossary.json"
+    path.write_text('{"a": "Open the file", "b": "Save"}')
+    glossary.write_text('{"file": "fichier"}')
+    assert main([str(path), "--target", "fr", "--server", server, "--glossary", str(glossary), "--quiet"]) == 0
+    assert StandIn.requests and all(r["glossary"] == {"file": "fichier"} for r in StandIn.requests)
+    glossary.write_text('{" file": "fichier"}')
+    assert main([str(path), "--target", "fr", "--server", server, "--glossary", str(glossary)]) == 1
+    assert f"error: --glossary {glossary}: glossary: glossary term ' file': spaces around it" in capsys.readouterr().err
+    glossary.write_text("file=fichier")
+    assert main([str(path), "--target", "fr", "--server", server, "--glossary", str(glossary)]) == 1
+    assert "a glossary in a form is a JSON object of terms" in capsys.readouterr().err
+    assert main([str(path), "--target", "fr", "--server", server, "--glossary", str(tmp_path / "none.json")]) == 1
+    assert "No such file or directory" in capsys.readouterr().err
+
+
+def test_in_process_with_a_glossary(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, glossary = tmp_path / "app.po", tmp_path / "glossary.json"
+    path.write_bytes(PO)
+    glossary.write_text('{"file": "fichier"}')
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / model_dir.name).symlink_to(model_dir)
+    glossaries = Glossaries(monkeypatch)
+    args = [str(path), "--target", "fr", "--source", "en", "--models-dir", str(folder), "--glossary", str(glossary)]
+    assert main([*args, "--quiet"]) == 0
+    assert glossaries.seen == [{"file": "fichier"}]
+
+
+def test_in_process_a_glossary_needs_the_models_placeholders(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    path, glossary = tmp_path / "a.json", tmp_path / "glossary.json"
+    path.write_text('{"a": "Hi"}')
+    glossary.write_text('{"file": "fichier"}')
+    monkeypatch.setenv("MT_MASK_SYMBOLS", "false")
+    args = [str(path), "--target", "fr", "--source", "en", "--models-dir", str(model_dir.parent), "--glossary"]
+    assert main([*args, str(glossary)]) == 1
+    assert "no placeholders (MT_MASK_SYMBOLS=false), which a glossary needs" in capsys.readouterr().err
+    assert path.read_text() == '{"a": "Hi"}'

@@ -372,3 +372,358 @@ def test_stringsdict_plurals_get_the_targets_categories() -> None:
     files = entry["files"]
     assert (files["one"], files["many"], files["other"]) == ("%d FILE", "%d FILES", "%d FILES")
     assert files["NSStringFormatValueTypeKey"] == "d" and result.translated == 3
+
+
+def entries(data: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {entry.filename: archive.read(entry) for entry in archive.infolist()}
+
+
+def assert_only_changed(source: bytes, translated: bytes, changed: set[str]) -> None:
+    """The translated archive has the source's entries, each byte for byte but those of `changed`, which differ."""
+    before, after = entries(source), entries(translated)
+    assert set(after) == set(before)
+    assert {name for name in before if before[name] != after[name]} == changed
+
+
+DRAWINGML = f"{OOXML}/drawingml/2006/main"
+
+
+def pptx_deck() -> bytes:
+    import pptx
+
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[1])  # a title and a text box
+    slide.shapes.title.text = "Quarterly report"
+    paragraph = slide.placeholders[1].text_frame.paragraphs[0]
+    for text, bold in (("Sales grew ", False), ("fast", True), (" this year.", False)):
+        run = paragraph.add_run()
+        run.text, run.font.bold = text, bold
+    paragraph.add_line_break()
+    paragraph.add_run().text = "Costs fell."
+    slide.notes_slide.notes_text_frame.text = "Thank the team."
+    second = deck.slides.add_slide(deck.slide_layouts[5])  # a title only
+    second.shapes.title.text = "Open %s now"
+    footer = second.shapes.add_textbox(0, 0, 100, 100).text_frame
+    footer.text = "Page "
+    field = '<a:fld xmlns:a="{A}" id="{{B1}}" type="{kind}"><a:rPr lang="en-US"/><a:t>{text}</a:t></a:fld>'
+    footer.paragraphs[0]._p.append(etree.fromstring(field.format(A=DRAWINGML, kind="slidenum", text="two")))
+    footer.add_paragraph()._p.append(etree.fromstring(field.format(A=DRAWINGML, kind="datetime1", text="today")))
+    deck.slides.add_slide(deck.slide_layouts[6])  # blank: no text, so written back as it was
+    out = io.BytesIO()
+    deck.save(out)
+    return out.getvalue()
+
+
+def test_pptx_slides_and_notes() -> None:
+    import pptx
+
+    data = pptx_deck()
+    result = translate_file(data, "deck.pptx", "fr", loud, FileOptions())
+    deck = pptx.Presentation(io.BytesIO(result.data))
+    first, second, _ = deck.slides
+    assert first.shapes.title.text == "QUARTERLY REPORT" and second.shapes.title.text == "OPEN %s NOW"
+    footer = [shape for shape in second.shapes if not shape.is_placeholder][0].text_frame.paragraphs
+    assert [p.text for p in footer] == ["PAGE two", "today"]  # fields kept whole: the application writes them
+    paragraph = first.placeholders[1].text_frame.paragraphs[0]
+    assert [(run.text, run.font.bold) for run in paragraph.runs] == [
+        ("SALES GREW ", False), ("FAST", True), (" THIS YEAR.", False), ("COSTS FELL.", None)
+    ]
+    assert paragraph.text == "SALES GREW FAST THIS YEAR.\vCOSTS FELL."  # python-pptx's \v: the line break
+    assert first.notes_slide.notes_text_frame.text == "THANK THE TEAM."
+    slides = {"ppt/slides/slide1.xml", "ppt/slides/slide2.xml", "ppt/notesSlides/notesSlide1.xml"}
+    assert_only_changed(data, result.data, slides)
+    assert result.media_type.endswith("presentationml.presentation")
+    assert (result.format, result.translated) == ("pptx", 5)
+
+
+ODP_CONTENT = (
+    f'<?xml version="1.0" encoding="UTF-8"?><office:document-content xmlns:office="{ODF}:office:1.0" '
+    f'xmlns:text="{ODF}:text:1.0" xmlns:draw="{ODF}:drawing:1.0" xmlns:presentation="{ODF}:presentation:1.0">'
+    '<office:body><office:presentation><draw:page draw:name="p1"><draw:frame><draw:text-box>'
+    '<text:p>Our <text:span text:style-name="T1">new</text:span> plan</text:p></draw:text-box></draw:frame>'
+    "<presentation:notes><draw:frame><draw:text-box><text:p>Speak slowly.</text:p></draw:text-box></draw:frame>"
+    "</presentation:notes></draw:page></office:presentation></office:body></office:document-content>"
+).encode()
+ODP_MIMETYPE = b"application/vnd.oasis.opendocument.presentation"
+
+
+def test_odp_slides_and_notes_keep_their_spans() -> None:
+    data = zipped({"mimetype": ODP_MIMETYPE, "content.xml": ODP_CONTENT, "styles.xml": b"<office:document-styles/>",
+                   "META-INF/manifest.xml": b"<manifest/>"})
+    result = translate_file(data, "plan.odp", "fr", loud, FileOptions())
+    archive = zipfile.ZipFile(io.BytesIO(result.data))
+    assert archive.namelist()[0] == "mimetype" and archive.infolist()[0].compress_type == zipfile.ZIP_STORED
+    paragraphs = etree.fromstring(archive.read("content.xml")).findall(f".//{{{ODF}:text:1.0}}p")
+    assert ["".join(p.itertext()) for p in paragraphs] == ["OUR NEW PLAN", "SPEAK SLOWLY."]
+    assert paragraphs[0][0].text == "NEW" and paragraphs[0][0].get(f"{{{ODF}:text:1.0}}style-name") == "T1"
+    assert_only_changed(data, result.data, {"content.xml"})
+    assert result.media_type == ODP_MIMETYPE.decode() and result.format == "odp"
+
+
+EPUB_CONTAINER = (
+    b'<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+    b'<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/></rootfiles>'
+    b"</container>"
+)
+EPUB_PACKAGE = (
+    b'<?xml version="1.0" encoding="UTF-8"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0" '
+    b'unique-identifier="id"><metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>A Book</dc:title>'
+    b'<dc:language>en</dc:language></metadata><manifest><item id="nav" href="nav.xhtml" properties="nav" '
+    b'media-type="application/xhtml+xml"/><item id="c1" href="text/chapter%201.xhtml" '
+    b'media-type="application/xhtml+xml"/><item id="css" href="style.css" media-type="text/css"/><item id="ncx" '
+    b'href="toc.ncx" media-type="application/x-dtbncx+xml"/><item id="img" href="cat.png" media-type="image/png"/>'
+    b'</manifest><spine toc="ncx"><itemref idref="c1"/></spine></package>'
+)
+EPUB_CHAPTER = (
+    b'<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml" '
+    b'xml:lang="en" lang="en"><head><title>Chapter One</title><link rel="stylesheet" href="../style.css"/></head>'
+    b'<body><h1 id="c1">Chapter One</h1><p>It was a <em>dark</em> night &amp; cold.<br/>Then '
+    b'<img src="../cat.png" alt="A cat"/> came.</p></body></html>'
+)
+EPUB_NAV = (
+    b'<?xml version="1.0" encoding="utf-8"?><html xmlns="http://www.w3.org/1999/xhtml" '
+    b'xmlns:epub="http://www.idpf.org/2007/ops"><head><title>Contents</title></head><body><nav epub:type="toc">'
+    b'<ol><li><a href="text/chapter%201.xhtml">Chapter One</a></li></ol></nav></body></html>'
+)
+EPUB_NCX = b'<?xml version="1.0"?><ncx xmlns="http://www.daisy.org/z3986/2005/ncx/"><navMap/></ncx>'
+
+
+def epub_book(mimetype_first: bool = True) -> bytes:
+    members = {"META-INF/container.xml": EPUB_CONTAINER, "OEBPS/content.opf": EPUB_PACKAGE,
+               "OEBPS/nav.xhtml": EPUB_NAV, "OEBPS/text/chapter 1.xhtml": EPUB_CHAPTER,
+               "OEBPS/style.css": b"p { margin: 0 }", "OEBPS/toc.ncx": EPUB_NCX, "OEBPS/cat.png": bytes(range(256))}
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        if mimetype_first:
+            archive.writestr("mimetype", b"application/epub+zip", zipfile.ZIP_STORED)
+        for name, data in members.items():
+            archive.writestr(name, data)
+        if not mimetype_first:
+            archive.writestr("mimetype", b"application/epub+zip")  # last and compressed: put right when written
+    return out.getvalue()
+
+
+def test_epub_content_documents_as_html_every_other_entry_kept() -> None:
+    for data in (epub_book(), epub_book(mimetype_first=False)):
+        result = translate_file(data, "book.epub", "fr", loud, FileOptions())
+        archive = zipfile.ZipFile(io.BytesIO(result.data))
+        first = archive.infolist()[0]
+        assert (first.filename, first.compress_type) == ("mimetype", zipfile.ZIP_STORED)
+        assert archive.read("mimetype") == b"application/epub+zip"
+        chapter = etree.fromstring(archive.read("OEBPS/text/chapter 1.xhtml"))  # well-formed XML still
+        xhtml = {"x": "http://www.w3.org/1999/xhtml"}
+        assert chapter.find("x:body/x:h1", xhtml).text == "CHAPTER ONE"
+        paragraph = chapter.find("x:body/x:p", xhtml)
+        assert "".join(paragraph.itertext()) == "IT WAS A DARK NIGHT & COLD.THEN  CAME."
+        assert paragraph.find("x:em", xhtml).text == "DARK"
+        assert paragraph.find("x:img", xhtml).get("src") == "../cat.png"
+        assert b"<!DOCTYPE html>" in archive.read("OEBPS/text/chapter 1.xhtml")
+        assert etree.fromstring(archive.read("OEBPS/nav.xhtml")).find(".//x:a", xhtml).text == "CHAPTER ONE"
+        assert_only_changed(data, result.data, {"OEBPS/text/chapter 1.xhtml", "OEBPS/nav.xhtml"})
+        assert (result.media_type, result.format, result.translated) == ("application/epub+zip", "epub", 2)
+
+
+def central_flags(data: bytes, name: bytes, flags: int = 0, method: int | None = None) -> bytes:
+    """The archive with `name`'s central directory entry given general-purpose `flags` (1: encrypted) or another
+    compression `method`."""
+    at = data.index(b"PK\x01\x02")
+    while data[at + 46 : at + 46 + len(name)] != name:
+        at = data.index(b"PK\x01\x02", at + 4)
+    changed = bytearray(data)
+    changed[at + 8 : at + 10] = (int.from_bytes(data[at + 8 : at + 10], "little") | flags).to_bytes(2, "little")
+    if method is not None:
+        changed[at + 10 : at + 12] = method.to_bytes(2, "little")
+    return bytes(changed)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "words"),
+    [
+        ("a.epub", zipped({"mimetype": b"application/epub+zip"}), "no META-INF/container.xml in the archive"),
+        ("a.epub", zipped({"META-INF/container.xml": b"<container/>"}), "no <rootfile full-path=...>"),
+        ("a.epub", zipped({"META-INF/container.xml": EPUB_CONTAINER, "OEBPS/content.opf": EPUB_PACKAGE}),
+         "no OEBPS/nav.xhtml in the archive"),
+        ("a.epub", zipped({"META-INF/container.xml": EPUB_CONTAINER, "OEBPS/content.opf": EPUB_PACKAGE,
+                           "OEBPS/nav.xhtml": b"caf\xe9", "OEBPS/text/chapter 1.xhtml": b""}), "not utf-8"),
+        ("a.epub", zipped({"META-INF/container.xml": EPUB_CONTAINER, "OEBPS/content.opf": b"<package"}),
+         "not well-formed XML"),
+        ("a.pptx", zipped({"ppt/slides/slide1.xml": b"<p/>"}), "no ppt/presentation.xml in the archive"),
+        ("a.pptx", zipped({"ppt/presentation.xml": b"<p/>", "ppt/slides/slide1.xml": BOMB}), "DOCTYPE or entities"),
+        ("a.odp", zipped({"mimetype": ODP_MIMETYPE}), "no content.xml in the archive: not a odp document"),
+        ("a.odp", central_flags(zipped({"content.xml": ODP_CONTENT}), b"content.xml", flags=1), "a damaged archive"),
+        ("a.docx", central_flags(zipped({"word/document.xml": DOCX_BODY}), b"word/document.xml", method=99),
+         "a damaged archive"),
+        ("a.epub", b"PK\x03\x04 broken", "not a epub document (a zip archive)"),
+    ],
+)
+def test_broken_archives_get_a_clear_400(name: str, data: bytes, words: str) -> None:
+    with pytest.raises(FileError, match=re.escape(words)) as raised:
+        translate_file(data, name, "fr", loud, FileOptions())
+    assert raised.value.status == 400
+
+
+ARCHIVES = {
+    "a.docx": zipped({"[Content_Types].xml": DOCX_TYPES, "_rels/.rels": DOCX_RELS, "word/document.xml": DOCX_BODY}),
+    "a.odt": zipped({"mimetype": b"application/vnd.oasis.opendocument.text", "content.xml": ODT_CONTENT}),
+    "a.odp": zipped({"mimetype": ODP_MIMETYPE, "content.xml": ODP_CONTENT}),
+    "a.pptx": pptx_deck(),
+    "a.epub": epub_book(),
+}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(ARCHIVES)), at=st.floats(0, 1), cut=st.booleans(), junk=st.binary(max_size=40))
+def test_damaged_archives_raise_file_error_only(name: str, at: float, cut: bool, junk: bytes) -> None:
+    """An archive cut short, or with bytes overwritten anywhere (headers, compressed data, the directory)."""
+    data = ARCHIVES[name]
+    where = int(at * len(data))
+    damaged = data[:where] + junk if cut else data[:where] + junk + data[where + len(junk) :]
+    try:
+        translate_file(damaged, name, "fr", loud, FileOptions())
+    except FileError as error:
+        assert error.status in (400, 413)
+
+
+def test_docx_runs_keep_their_formatting_around_the_words() -> None:
+    """A bold and an italic word mid-sentence come back bold and italic around their translations; a line break
+    stays in its run, a tab goes to the model as a marker kept whole; a bookmark stays where it was; a hyperlink
+    goes around the words of its translation, or, where its runs differ in formatting, the paragraph is written
+    whole into its first run (the hyperlink's text emptied, not lost)."""
+    import docx
+    from docx.oxml import parse_xml
+
+    document = docx.Document()
+    paragraph = document.add_paragraph("Click ")
+    paragraph.add_run("here").bold = True
+    paragraph.add_run(" to save the ")
+    paragraph.add_run("whole").italic = True
+    paragraph.add_run(" file.\tNow").add_break()
+    paragraph.add_run("or later.")
+    w = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+    paragraph._p.append(parse_xml(f'<w:bookmarkEnd {w} w:id="0"/>'))
+    link = '<w:hyperlink {w} r:id="rId9" xmlns:r="{r}"><w:r><w:rPr><w:rStyle w:val="Hyperlink"/></w:rPr>{runs}'
+    link += "</w:hyperlink>"
+    r = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
+    document.add_paragraph("See ")._p.append(parse_xml(link.format(w=w, r=r, runs="<w:t>the site</w:t></w:r>")))
+    mixed = "<w:t>the </w:t></w:r><w:r><w:rPr><w:b/></w:rPr><w:t>site</w:t></w:r>"
+    document.add_paragraph("See ")._p.append(parse_xml(link.format(w=w, r=r, runs=mixed)))
+    out = io.BytesIO()
+    document.save(out)
+    result = translate_file(out.getvalue(), "a.docx", "fr", loud, FileOptions())
+    translated = docx.Document(io.BytesIO(result.data)).paragraphs
+    assert [(r.text, bool(r.bold), bool(r.italic)) for r in translated[0].runs] == [
+        ("CLICK ", False, False), ("HERE", True, False), (" TO SAVE THE ", False, False), ("WHOLE", False, True),
+        (" FILE.", False, False), ("\t", False, False), ("NOW\nOR LATER.", False, False),  # the tab a run of its own
+    ]
+    assert etree.QName(translated[0]._p[-1]).localname == "bookmarkEnd"
+    assert [run.text for run in translated[1].runs] == ["SEE "] and translated[1].text == "SEE THE SITE"
+    [hyperlink] = translated[1].hyperlinks  # around the words of its translation, its runs' formatting kept
+    assert hyperlink.text == "THE SITE" and hyperlink.runs[0]._r.rPr.rStyle.val == "Hyperlink"
+    assert translated[1]._p[-1].get(f"{{{r}}}id") == "rId9"
+    assert translated[2].runs[0].text == "SEE THE SITE" and not translated[2].hyperlinks[0].text  # runs of two
+    # formattings in a hyperlink: the paragraph is written whole into its first run
+    assert_only_changed(out.getvalue(), result.data, {"word/document.xml"})
+
+
+def same(texts: list[str], fmt: str) -> list[str]:
+    return texts
+
+
+def formatted_chars(paragraph: object) -> list[tuple[str, bool, bool]]:
+    return [(char, bool(run.bold), bool(run.italic)) for run in paragraph.runs for char in run.text]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.text(st.sampled_from("ab <&%s\t\n{}"), min_size=1, max_size=8), st.booleans(),
+                          st.booleans()), min_size=1, max_size=6))
+def test_docx_runs_read_and_written_back_unchanged(runs: list[tuple[str, bool, bool]]) -> None:
+    """With a translator that gives each text back, every character keeps its formatting."""
+    import docx
+
+    document = docx.Document()
+    paragraph = document.add_paragraph()
+    for text, bold, italic in runs:
+        run = paragraph.add_run(text)
+        run.bold, run.italic = bold, italic
+    out = io.BytesIO()
+    document.save(out)
+    if not paragraph.text.strip():
+        return
+    result = translate_file(out.getvalue(), "a.docx", "fr", same, FileOptions())
+    assert formatted_chars(docx.Document(io.BytesIO(result.data)).paragraphs[0]) == formatted_chars(paragraph)
+
+
+def test_a_text_box_in_a_docx_paragraph_is_translated_once_as_its_own() -> None:
+    w = f"{OOXML}/wordprocessingml/2006/main"
+    box = "<w:r><w:drawing><w:txbxContent><w:p><w:r><w:t>Inside box</w:t></w:r></w:p></w:txbxContent></w:drawing></w:r>"
+    for link in ("", '<w:hyperlink><w:r><w:t> link</w:t></w:r></w:hyperlink>'):  # read as runs, or whole
+        body = (f'<w:document xmlns:w="{w}"><w:body><w:p><w:r><w:t>Outer text</w:t></w:r>{box}{link}</w:p>'
+                "</w:body></w:document>").encode()
+        data = zipped({"[Content_Types].xml": DOCX_TYPES, "_rels/.rels": DOCX_RELS, "word/document.xml": body})
+        result = translate_file(data, "a.docx", "fr", loud, FileOptions())
+        root = etree.fromstring(entries(result.data)["word/document.xml"])
+        outer, inner = root.iter(f"{{{w}}}p")
+        assert [t.text for t in inner.iter(f"{{{w}}}t")] == ["INSIDE BOX"] and result.translated == 2
+        own = [t.text or "" for t in outer.iter(f"{{{w}}}t") if next(t.iterancestors(f"{{{w}}}p")) is outer]
+        assert "".join(own) == ("OUTER TEXT LINK" if link else "OUTER TEXT")
+
+
+def test_a_part_without_text_comes_back_with_its_own_bytes() -> None:
+    p = 'xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main"'
+    text = f'<p:sld {p} xmlns:a="{DRAWINGML}"><a:p><a:r><a:t>Hi</a:t></a:r></a:p></p:sld>'.encode()
+    blank = f"<?xml version='1.0'?>\n<p:sld {p}>\n  <p:cSld/>\n</p:sld>\n".encode()  # as no serialiser writes it
+    data = zipped({"ppt/presentation.xml": b"<p/>", "ppt/slides/slide1.xml": text, "ppt/slides/slide2.xml": blank})
+    assert_only_changed(data, translate_file(data, "a.pptx", "fr", loud, FileOptions()).data, {"ppt/slides/slide1.xml"})
+
+
+def test_docx_runs_marks_hyphens_and_breaks() -> None:
+    """Spelling marks are dropped (the translation would make them wrong), a non-breaking hyphen is text, a page
+    break stays a run of its own where it stood, a field (its result the application's) is kept whole."""
+    w = f"{OOXML}/wordprocessingml/2006/main"
+    body = (f'<w:document xmlns:w="{w}"><w:body><w:p><w:proofErr w:type="spellStart"/><w:r><w:t>Colour</w:t></w:r>'
+            '<w:proofErr w:type="spellEnd"/><w:r><w:t xml:space="preserve"> e</w:t></w:r><w:r><w:noBreakHyphen/></w:r>'
+            '<w:r><w:t>mail</w:t><w:br w:type="textWrapping"/></w:r><w:r><w:br w:type="page"/></w:r>'
+            '<w:fldSimple w:instr="PAGE"><w:r><w:t>two</w:t></w:r></w:fldSimple></w:p></w:body></w:document>').encode()
+    data = zipped({"[Content_Types].xml": DOCX_TYPES, "_rels/.rels": DOCX_RELS, "word/document.xml": body})
+    result = translate_file(data, "a.docx", "fr", loud, FileOptions())
+    paragraph = etree.fromstring(entries(result.data)["word/document.xml"]).find(f".//{{{w}}}p")
+    assert [etree.QName(child).localname for child in paragraph] == ["r", "r", "fldSimple"]
+    text, page, field = paragraph
+    assert [(etree.QName(c).localname, c.text) for c in text] == [("t", "COLOUR E\u2011MAIL"), ("br", None)]
+    assert page[0].get(f"{{{w}}}type") == "page" and "".join(field.itertext()) == "two"  # a field: kept whole
+
+
+def word_chars(paragraph: etree._Element) -> list[tuple[str, bool, bool]]:
+    """Each character of a WordprocessingML paragraph: its text (a tab, a break as \\t, \\n), bold, in a hyperlink."""
+    w = f"{{{OOXML}/wordprocessingml/2006/main}}"
+    found = []
+    for run in paragraph.iter(f"{w}r"):
+        bold = run.find(f"{w}rPr/{w}b") is not None
+        linked = run.getparent().tag == f"{w}hyperlink"
+        for child in run:
+            text = {f"{w}t": child.text or "", f"{w}tab": "\t", f"{w}br": "\n"}.get(child.tag, "")
+            found += [(char, bold, linked) for char in text]
+    return found
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.text(st.sampled_from("ab <&%s\t{}"), min_size=1, max_size=8), st.booleans(),
+                          st.booleans()), min_size=1, max_size=6))
+def test_docx_runs_and_hyperlinks_read_and_written_back_unchanged(runs: list[tuple[str, bool, bool]]) -> None:
+    """With a translator that gives each text back, every character keeps its formatting and its hyperlink."""
+    from xml.sax.saxutils import escape
+
+    w = f"{OOXML}/wordprocessingml/2006/main"
+    parts = []
+    for text, bold, linked in runs:
+        run = f'<w:r>{"<w:rPr><w:b/></w:rPr>" if bold else ""}<w:t xml:space="preserve">{escape(text)}</w:t></w:r>'
+        parts.append(f'<w:hyperlink w:anchor="a">{run}</w:hyperlink>' if linked else run)
+    body = f'<w:document xmlns:w="{w}"><w:body><w:p>{"".join(parts)}</w:p></w:body></w:document>'.encode()
+    data = zipped({"word/document.xml": body})
+    source = etree.fromstring(body).find(f".//{{{w}}}p")
+    if not "".join(source.itertext()).strip():
+        return
+    result = translate_file(data, "a.docx", "fr", same, FileOptions())
+    paragraph = etree.fromstring(entries(result.data)["word/document.xml"]).find(f".//{{{w}}}p")
+    assert word_chars(paragraph) == word_chars(source)
