@@ -1,6 +1,7 @@
-"""Deduplicates clean pairs and holds out dev/test, leak-free by normalised source, spread across packages.
+"""Deduplicates clean pairs and holds out dev/test, leak-free by normalised source: sentences spread across
+packages, or whole documents for the general-domain splits.
 
-Knows only (source, target, package) triples; nothing of catalogs, archives or cleaning rules.
+Knows only (source, target, package, document) records; nothing of catalogs, archives or cleaning rules.
 """
 
 from __future__ import annotations
@@ -18,26 +19,36 @@ MAX_PACKAGE_SHARE = 0.2
 
 @dataclass(frozen=True)
 class Pair:
-    """A clean parallel segment and the package it came from."""
+    """A clean parallel segment, the package it came from and the document (catalog) inside it."""
 
     source: str
     target: str
     package: str
+    document: str = ""
 
 
 def deduplicate(pairs: Iterable[Pair]) -> list[Pair]:
     """One pair per source: its most frequent translation (ties: first seen), from its first package."""
     counts: dict[str, dict[str, int]] = {}
-    origin: dict[tuple[str, str], str] = {}
+    origin: dict[tuple[str, str], Pair] = {}
     for pair in pairs:
         targets = counts.setdefault(pair.source, {})
         targets[pair.target] = targets.get(pair.target, 0) + 1
-        origin.setdefault((pair.source, pair.target), pair.package)
+        origin.setdefault((pair.source, pair.target), pair)
     kept = []
     for source, targets in counts.items():
         best = max(targets, key=lambda t: targets[t])  # max() keeps the first of equal counts
-        kept.append(Pair(source, best, origin[(source, best)]))
+        kept.append(origin[(source, best)])
     return kept
+
+
+def cap_pairs(pairs: list[Pair], packages: set[str], cap: int, seed: int) -> list[Pair]:
+    """At most `cap` of the pairs from `packages`, drawn with the seed; other pairs kept; order kept."""
+    capped = [i for i, p in enumerate(pairs) if p.package in packages]
+    if len(capped) <= cap:
+        return pairs
+    dropped = set(capped) - set(random.Random(seed).sample(capped, cap))
+    return [p for i, p in enumerate(pairs) if i not in dropped]
 
 
 def group_by_key(pairs: list[Pair]) -> dict[str, list[int]]:
@@ -105,3 +116,46 @@ def split_pairs(pairs: list[Pair], dev_size: int, test_size: int, seed: int) -> 
         "dev": [pairs[i] for i in dev],
         "test": [pairs[i] for i in test],
     }
+
+
+def _documents(pairs: list[Pair], eligible: set[str], seed: int) -> list[tuple[str, str]]:
+    """The (package, document) keys of the eligible packages' pairs, shuffled with the seed."""
+    documents = sorted({(p.package, p.document) for p in pairs if p.package in eligible})
+    random.Random(seed).shuffle(documents)
+    return documents
+
+
+def take_documents(
+    pairs: list[Pair], eligible: set[str], size: int, seed: int
+) -> tuple[list[Pair], list[Pair]]:
+    """(held, rest): whole documents of the eligible packages, in seeded order, each taken while the held-out
+    pairs stay within `size`; from the rest also every pair whose normalised source a held-out pair has."""
+    sizes: dict[tuple[str, str], int] = defaultdict(int)
+    for pair in pairs:
+        sizes[(pair.package, pair.document)] += 1
+    chosen: set[tuple[str, str]] = set()
+    total = 0
+    for document in _documents(pairs, eligible, seed):
+        if total + sizes[document] <= size:
+            chosen.add(document)
+            total += sizes[document]
+    held = [p for p in pairs if (p.package, p.document) in chosen]
+    keys = {normalised_key(p.source) for p in held}
+    rest = [p for p in pairs if (p.package, p.document) not in chosen and normalised_key(p.source) not in keys]
+    return held, rest
+
+
+def split_general(
+    pairs: list[Pair], eligible: set[str], dev_size: int, test_size: int, seed: int
+) -> tuple[dict[str, list[Pair]], list[Pair]]:
+    """The general-domain `test.general` and `dev.general` splits, of whole documents of the eligible packages,
+    and the pairs left for the other splits (none sharing a normalised source with a held-out pair)."""
+    test, rest = take_documents(pairs, eligible, test_size, seed)
+    dev, rest = take_documents(rest, eligible, dev_size, seed + 1)
+    return {"dev.general": dev, "test.general": test}, rest
+
+
+def without_keys(pairs: list[Pair], held: Iterable[Pair]) -> list[Pair]:
+    """The pairs whose normalised source no `held` pair has."""
+    keys = {normalised_key(p.source) for p in held}
+    return [p for p in pairs if normalised_key(p.source) not in keys]

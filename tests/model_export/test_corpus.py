@@ -1,10 +1,12 @@
-"""Tests of the EN→FR corpus builder: catalog extraction, each cleaning rule, dedup and leak-free, seeded splits.
+"""Tests of the EN→FR corpus builder: catalog extraction, each cleaning rule, dedup and leak-free, seeded splits,
+groups of the packages list, document-level hold-out, the FreeDict reader.
 
 No network: catalogs are built with polib at test time and packed into a zip (a wheel) or a real .deb.
 """
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import subprocess
 import zipfile
@@ -17,11 +19,12 @@ import sentencepiece as spm
 from model_export.corpus import CorpusError, clean
 from model_export.corpus.__main__ import main
 from model_export.corpus.build import BuildOptions, build
+from model_export.corpus.dictionary import dictd_number, entry_pair, read_freedict
 from model_export.corpus.extract import catalog_files, choose_catalogs, extract_archive, path_locale, read_catalog
 from model_export.corpus.fetch import cached_archive, deb_glob
 from model_export.corpus.notice import debian_licence, wheel_licence
-from model_export.corpus.pins import Pin, parse_pins
-from model_export.corpus.split import Pair, deduplicate, group_by_key, split_pairs
+from model_export.corpus.pins import Group, Pin, parse_recipe, select_groups
+from model_export.corpus.split import Pair, cap_pairs, deduplicate, group_by_key, split_general, split_pairs
 from model_export.corpus.tokenizer import pieces_per_sentence
 
 
@@ -282,11 +285,131 @@ def test_group_by_key():
 # --- pins, licences, end to end -------------------------------------------------------------------------
 
 
-def test_parse_pins():
-    pins = parse_pins("# intro\n\n# [ui] user interface\ncoreutils=9.1-1\n# [wheels] x\nDjango==5.2\n")
+def test_parse_recipe():
+    pins, groups = parse_recipe("# intro\n\n# [ui] user interface\ncoreutils=9.1-1\n# [wheels] x\nDjango==5.2\n")
     assert pins == [Pin("deb", "coreutils", "9.1-1", "ui"), Pin("wheel", "Django", "5.2", "wheels")]
+    assert groups == {"ui": Group("ui"), "wheels": Group("wheels")}
     with pytest.raises(CorpusError, match="line 1"):
-        parse_pins("coreutils 9.1\n")
+        parse_recipe("coreutils 9.1\n")
+
+
+RECIPE = (
+    "# [ui] interface\ncoreutils=9.1-1\n"
+    "# [games extra holdout=documents] story\nwesnoth-data=1.16\n"
+    "# [dictionary extra reader=freedict holdout=none cap=50] words\ndict-eng-fra=1\n"
+)
+
+
+def test_group_attributes_and_selection():
+    pins, groups = parse_recipe(RECIPE)
+    assert groups["games"] == Group("games", extra=True, holdout="documents")
+    assert groups["dictionary"] == Group("dictionary", True, "freedict", "none", 50)
+    assert list(select_groups(groups, None)) == ["ui"]
+    assert list(select_groups(groups, ["all"])) == ["ui", "games", "dictionary"]
+    assert list(select_groups(groups, ["dictionary", "ui"])) == ["ui", "dictionary"]
+    with pytest.raises(CorpusError, match="unknown group.*nope.*ui, games, dictionary"):
+        select_groups(groups, ["nope"])
+
+
+@pytest.mark.parametrize(
+    "header", ["[g reader=po]", "[g holdout=files]", "[g cap=x holdout=none]", "[g cap=5]", "[g x]"]
+)
+def test_bad_group_attributes(header):
+    with pytest.raises(CorpusError, match="line 1: group \\[g\\] has bad attributes"):
+        parse_recipe(f"# {header} text\na=1\n")
+
+
+# --- document-level hold-out, caps ----------------------------------------------------------------------
+
+
+def documents_corpus() -> list[Pair]:
+    """Three packages of four documents each, ten pairs a document; document d0 of p0 repeats a p1 source."""
+    pairs = [
+        Pair(f"Line {i} of {d} in {p}", f"Ligne {i} de {d} dans {p}", p, d)
+        for p in ("p0", "p1", "p2")
+        for d in ("d0", "d1", "d2", "d3")
+        for i in range(10)
+    ]
+    return pairs + [Pair("Line 0 of d0 in p1!", "Ligne 0 de d0 dans p1 !", "p0", "d0")]
+
+
+def test_general_splits_hold_out_whole_documents():
+    pairs = documents_corpus()
+    general, rest = split_general(pairs, {"p0", "p1"}, dev_size=25, test_size=30, seed=3)
+    held = {name: {(p.package, p.document) for p in part} for name, part in general.items()}
+    assert len(general["test.general"]) <= 30 and len(general["dev.general"]) <= 25
+    assert len(held["test.general"]) >= 2 and len(held["dev.general"]) >= 2
+    assert not held["test.general"] & held["dev.general"]
+    assert all(p.package in {"p0", "p1"} for part in general.values() for p in part)
+    for document in held["test.general"] | held["dev.general"]:  # whole: every pair of it held out, none in rest
+        assert not any((p.package, p.document) == document for p in rest)
+    keys = {clean.normalised_key(p.source) for part in general.values() for p in part}
+    assert not keys & {clean.normalised_key(p.source) for p in rest}
+    assert sum(p.package == "p2" for p in rest) == 40
+
+
+def test_general_splits_are_deterministic():
+    pairs = documents_corpus()
+    assert split_general(pairs, {"p0", "p1"}, 20, 20, seed=4) == split_general(list(pairs), {"p0", "p1"}, 20, 20, 4)
+    tests = {tuple(split_general(pairs, {"p0", "p1"}, 20, 20, seed)[0]["test.general"]) for seed in range(6)}
+    assert len(tests) > 1
+
+
+def test_cap_pairs_is_seeded_and_keeps_others():
+    pairs = [Pair(f"w{i}", f"m{i}", "dict" if i % 2 else "ui") for i in range(40)]
+    capped = cap_pairs(pairs, {"dict"}, 5, seed=1)
+    assert sum(p.package == "dict" for p in capped) == 5 and sum(p.package == "ui" for p in capped) == 20
+    assert capped == cap_pairs(pairs, {"dict"}, 5, seed=1) and capped == sorted(capped, key=pairs.index)
+    assert cap_pairs(pairs, {"dict"}, 50, seed=1) == pairs
+
+
+# --- FreeDict -------------------------------------------------------------------------------------------
+
+
+def dictd_encode(value: int) -> str:
+    digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    text = ""
+    while True:
+        value, digit = divmod(value, 64)
+        text = digits[digit] + text
+        if not value:
+            return text
+
+
+def make_dictd(folder: Path, entries: dict[str, str]) -> None:
+    """A dictd dictionary (`x.index` and `x.dict.dz`) with a 00database header entry and the given entries."""
+    body, index = b"", []
+    for headword, text in {"00databaseinfo": "header\n", **entries}.items():
+        data = text.encode()
+        index.append(f"{headword}\t{dictd_encode(len(body))}\t{dictd_encode(len(data))}")
+        body += data
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "x.index").write_text("\n".join(sorted(index)) + "\n", encoding="utf-8")
+    (folder / "x.dict.dz").write_bytes(gzip.compress(body))
+
+
+def test_dictd_number():
+    assert dictd_number("A") == 0 and dictd_number("b") == 27 and dictd_number("BA") == 64
+    assert all(dictd_number(dictd_encode(n)) == n for n in (0, 63, 64, 4095, 123456))
+
+
+@pytest.mark.parametrize(
+    ("entry", "pair"),
+    [
+        ("house /haus/\nmaison\n", ("house", "maison")),
+        ("look /luk/\n1. avoir l'air de, paraître\n2. air, allure\n", ("look", "avoir l'air de")),
+        ("bank /bæŋk/\nrive (de rivière); banque\n", ("bank", "rive")),
+        ("alone /əloun/\n", None),
+    ],
+)
+def test_entry_pair(entry, pair):
+    assert entry_pair(entry) == pair
+
+
+def test_read_freedict(tmp_path):
+    make_dictd(tmp_path / "usr/share/dictd", {"house": "house /haus/\nmaison\n", "cat": "cat /kæt/\nchat\n"})
+    pairs = [(p.source, p.target, p.catalog) for p in read_freedict(tmp_path, "dict")]
+    assert pairs == [("cat", "chat", "x"), ("house", "maison", "x")]
 
 
 def test_licences():
@@ -312,11 +435,51 @@ def test_build_end_to_end_offline(tmp_path):
     assert "pkg 1.0 (wheel): BSD-3-Clause" in (out / "NOTICE").read_text()
 
 
+def catalog_wheel(folder: Path, name: str, catalogs: dict[str, list[tuple[str, str]]]) -> Path:
+    """A wheel holding one French catalog per entry of `catalogs`."""
+    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for stem, entries in catalogs.items():
+            mo = make_mo(folder / name / f"{stem}.mo", [polib.POEntry(msgid=s, msgstr=t) for s, t in entries])
+            archive.write(mo, f"{name}/locale/fr/LC_MESSAGES/{stem}.mo")
+        archive.writestr(f"{name}-1.0.dist-info/METADATA", f"Name: {name}\nLicense-Expression: MIT\n\n")
+    return wheel
+
+
+def test_build_groups_general_splits_and_stable_software_splits(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    ui = [(f"Open file number {i}", f"Ouvrir le fichier numéro {i}") for i in range(30)]
+    shutil.copy(catalog_wheel(tmp_path, "ui", {"ui": ui}), cache / "wheels")
+    story = {f"chapter{c}": [(f"The hero walks {c} {i} miles.", f"Le héros marche {c} {i} milles.") for i in range(8)]
+             for c in range(6)}  # fmt: skip
+    story["chapter0"].append(("Open file number 3", "Ouvrir le fichier 3"))  # a software source, kept in its layer
+    shutil.copy(catalog_wheel(tmp_path, "story", story), cache / "wheels")
+    pins = [Pin("wheel", "ui", "1.0", "ui"), Pin("wheel", "story", "1.0", "games")]
+    groups = {"ui": Group("ui"), "games": Group("games", extra=True, holdout="documents")}
+    options = BuildOptions(tmp_path / "out", cache, dev_size=3, test_size=3, seed=2, general_dev_size=10,
+                           general_test_size=10)  # fmt: skip
+    stats = build(pins, options, groups)
+    out = tmp_path / "out"
+    assert stats["groups"]["games"] == {"train": 32, "dev": 0, "test": 0, "dev.general": 8, "test.general": 8}
+    assert [len(v) for v in stats["general_documents"].values()] == [1, 1]
+    assert len((out / "test.general.en").read_text().splitlines()) == 8
+    assert set((out / "dev.general.origin").read_text().splitlines()) == {"story"}
+    software_only = build(pins[:1], BuildOptions(tmp_path / "sw", cache, 3, 3, 2), groups)
+    for name in ("dev", "test"):
+        assert (out / f"{name}.en").read_text() == (tmp_path / "sw" / f"{name}.en").read_text()
+    assert "general_documents" not in software_only and not (tmp_path / "sw" / "test.general.en").exists()
+
+
 def test_cli_error_is_one_line(tmp_path, capsys):
     assert main(["build", "--packages", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: cannot read packages list") and err.count("\n") == 1
     assert main(["tokenizer", "--corpus", str(tmp_path)]) == 1
+    capsys.readouterr()
+    (tmp_path / "packages.txt").write_text(RECIPE)
+    assert main(["build", "--packages", str(tmp_path / "packages.txt"), "--groups", "ui,nope"]) == 1
+    assert capsys.readouterr().err == "error: unknown group(s) nope; the packages list has ui, games, dictionary\n"
 
 
 def test_pieces_per_sentence_counts_the_lines_training_reads(spm_model: bytes, tmp_path: Path) -> None:
