@@ -1,5 +1,5 @@
-"""The corpus build: fetch pinned archives, extract French catalogs (or dictionaries), clean, deduplicate, split,
-write files.
+"""The corpus build: fetch pinned archives, extract French catalogs (or dictionaries, or bilingual documentation),
+clean, deduplicate, split, write files.
 
 Owns the output layout (`{train,dev,test}.{en,fr,origin}`, `{dev,test}.general.*` when a group is held out by
 document, stats.json, NOTICE, licenses/), not the rules.
@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from model_export.corpus.clean import clean_entry, count_reasons
 from model_export.corpus.dictionary import is_dictionary_member, read_freedict
+from model_export.corpus.documents import is_document_member, read_documents
 from model_export.corpus.extract import RawPair, catalog_files, extract_archive, extract_files, read_catalog
 from model_export.corpus.fetch import fetch_all
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
@@ -76,6 +77,9 @@ def read_archive(archive: Path, pin: Pin, reader: str, cache: Path) -> tuple[Ite
     if reader == "freedict":
         extracted = extract_files(archive, pin.name, cache / "extract-freedict", is_dictionary_member)
         pairs = read_freedict(extracted / "files", pin.name)
+    elif reader == "xhtml":
+        extracted = extract_files(archive, pin.name, cache / "extract-xhtml", is_document_member)
+        pairs = read_documents(extracted / "files", pin.name)
     else:
         extracted = extract_archive(archive, pin.name, cache / "extract")
         pairs = (raw for mo in catalog_files(extracted) for raw in read_catalog(mo, pin.name, mo.stem))

@@ -118,30 +118,54 @@ def split_pairs(pairs: list[Pair], dev_size: int, test_size: int, seed: int) -> 
     }
 
 
-def _documents(pairs: list[Pair], eligible: set[str], seed: int) -> list[tuple[str, str]]:
-    """The (package, document) keys of the eligible packages' pairs, shuffled with the seed."""
-    documents = sorted({(p.package, p.document) for p in pairs if p.package in eligible})
-    random.Random(seed).shuffle(documents)
-    return documents
+def _document_queues(
+    pairs: list[Pair], eligible: set[str], seed: int
+) -> tuple[dict[str, list[tuple[str, str]]], dict[tuple[str, str], int]]:
+    """Each eligible package's (package, document) keys, shuffled with the seed; and every document's size."""
+    sizes: dict[tuple[str, str], int] = defaultdict(int)
+    for pair in pairs:
+        if pair.package in eligible:
+            sizes[(pair.package, pair.document)] += 1
+    queues: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for document in sorted(sizes):
+        queues[document[0]].append(document)
+    rng = random.Random(seed)
+    for package in sorted(queues):
+        rng.shuffle(queues[package])
+    return dict(sorted(queues.items())), dict(sizes)
+
+
+def _choose_documents(
+    queues: dict[str, list[tuple[str, str]]], sizes: dict[tuple[str, str], int], size: int
+) -> set[tuple[str, str]]:
+    """Whole documents, one per package per round, each the next in its queue that fits both the package's quota
+    (sqrt-proportional, as for pairs) and `size`; then rounds without quotas, until nothing more fits."""
+    package_sizes = {p: sum(sizes[d] for d in docs) for p, docs in queues.items()}
+    got = dict.fromkeys(queues, 0)
+    chosen: set[tuple[str, str]] = set()
+    for limit in (quotas(package_sizes, size), package_sizes):
+        progress = True
+        while progress:
+            progress = False
+            for package, docs in queues.items():
+                room = min(size - sum(got.values()), limit[package] - got[package])
+                fitting = next((d for d in docs if sizes[d] <= room), None)
+                if fitting is not None:
+                    docs.remove(fitting)
+                    chosen.add(fitting)
+                    got[package] += sizes[fitting]
+                    progress = True
+    return chosen
 
 
 def take_documents(
     pairs: list[Pair], eligible: set[str], size: int, seed: int
 ) -> tuple[list[Pair], list[Pair]]:
-    """(held, rest): whole documents of the eligible packages, in seeded order, each taken while the held-out
-    pairs stay within `size`; from the rest also every pair whose normalised source a held-out pair has."""
-    sizes: dict[tuple[str, str], int] = defaultdict(int)
-    for pair in pairs:
-        sizes[(pair.package, pair.document)] += 1
-    chosen: set[tuple[str, str]] = set()
-    total = 0
-    for document in _documents(pairs, eligible, seed):
-        if total + sizes[document] <= size:
-            chosen.add(document)
-            total += sizes[document]
+    """(held, rest): at most `size` pairs of whole documents of the eligible packages, spread across packages; from
+    the rest also every pair whose normalised source a held-out pair has."""
+    chosen = _choose_documents(*_document_queues(pairs, eligible, seed), size)
     held = [p for p in pairs if (p.package, p.document) in chosen]
-    keys = {normalised_key(p.source) for p in held}
-    rest = [p for p in pairs if (p.package, p.document) not in chosen and normalised_key(p.source) not in keys]
+    rest = without_keys([p for p in pairs if (p.package, p.document) not in chosen], held)
     return held, rest
 
 

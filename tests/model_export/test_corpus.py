@@ -1,5 +1,5 @@
 """Tests of the EN→FR corpus builder: catalog extraction, each cleaning rule, dedup and leak-free, seeded splits,
-groups of the packages list, document-level hold-out, the FreeDict reader.
+groups of the packages list, document-level hold-out, the FreeDict and XHTML documentation readers.
 
 No network: catalogs are built with polib at test time and packed into a zip (a wheel) or a real .deb.
 """
@@ -20,6 +20,7 @@ from model_export.corpus import CorpusError, clean
 from model_export.corpus.__main__ import main
 from model_export.corpus.build import BuildOptions, build
 from model_export.corpus.dictionary import dictd_number, entry_pair, read_freedict
+from model_export.corpus.documents import block_pairs, read_documents
 from model_export.corpus.extract import catalog_files, choose_catalogs, extract_archive, path_locale, read_catalog
 from model_export.corpus.fetch import cached_archive, deb_glob
 from model_export.corpus.notice import debian_licence, wheel_licence
@@ -340,7 +341,7 @@ def test_general_splits_hold_out_whole_documents():
     assert len(general["test.general"]) <= 30 and len(general["dev.general"]) <= 25
     assert len(held["test.general"]) >= 2 and len(held["dev.general"]) >= 2
     assert not held["test.general"] & held["dev.general"]
-    assert all(p.package in {"p0", "p1"} for part in general.values() for p in part)
+    assert all({p.package for p in part} == {"p0", "p1"} for part in general.values())  # spread across packages
     for document in held["test.general"] | held["dev.general"]:  # whole: every pair of it held out, none in rest
         assert not any((p.package, p.document) == document for p in rest)
     keys = {clean.normalised_key(p.source) for part in general.values() for p in part}
@@ -433,6 +434,49 @@ def test_build_end_to_end_offline(tmp_path):
     assert sorted(sum(lines.values(), [])) == sorted(["Open File", "%d file", "%d files", "Quit"])
     assert (out / "test.origin").read_text() == "pkg\n"
     assert "pkg 1.0 (wheel): BSD-3-Clause" in (out / "NOTICE").read_text()
+
+
+# --- documentation built in both languages -------------------------------------------------------------
+
+
+def xhtml_page(path: Path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><head><title>t</title>'
+        f"</head><body>{body}</body></html>\n",
+        encoding="utf-8",
+    )
+
+
+def test_read_documents_aligns_blocks_and_skips_unaligned_pages(tmp_path):
+    html = tmp_path / "usr/share/doc/book/html"
+    xhtml_page(
+        html / "en-US/apt.html",
+        '<h2>Using APT</h2><div class="para">APT installs <code>packages</code>. It resolves dependencies.</div>'
+        "<ul><li><p>One item</p></li></ul>",
+    )
+    xhtml_page(
+        html / "fr-FR/apt.html",
+        '<h2>Utiliser APT</h2><div class="para">APT installe des <code>paquets</code>. Il résout les '
+        "dépendances.</div><ul><li><p>Un élément</p></li></ul>",
+    )
+    xhtml_page(html / "en-US/gone.html", "<p>One</p><p>Two</p>")
+    xhtml_page(html / "fr-FR/gone.html", "<p>Un et deux</p>")  # block sequences differ: the page is skipped
+    xhtml_page(html / "en-US/lonely.html", "<p>Only English</p>")
+    xhtml_page(html / "en-US/broken.html", "<p>Broken</p>")
+    (html / "fr-FR/broken.html").write_text("<html><p>&nbsp;</html>")  # unreadable: skipped
+    pairs = [(p.source, p.target, p.catalog) for p in read_documents(tmp_path, "book")]
+    assert pairs == [
+        ("Using APT", "Utiliser APT", "apt"),
+        ("APT installs packages.", "APT installe des paquets.", "apt"),
+        ("It resolves dependencies.", "Il résout les dépendances.", "apt"),
+        ("One item", "Un élément", "apt"),
+    ]
+
+
+def test_block_pairs_split_sentences_only_when_they_match():
+    assert block_pairs("One. Two.", "Un. Deux.") == [("One.", "Un."), ("Two.", "Deux.")]
+    assert block_pairs("One. Two.", "Un et deux.") == [("One. Two.", "Un et deux.")]
 
 
 def catalog_wheel(folder: Path, name: str, catalogs: dict[str, list[tuple[str, str]]]) -> Path:
