@@ -77,8 +77,8 @@ def read_archive(archive: Path, pin: Pin, reader: str, cache: Path) -> tuple[Ite
     if reader == "freedict":
         extracted = extract_files(archive, pin.name, cache / "extract-freedict", is_dictionary_member)
         pairs = read_freedict(extracted / "files", pin.name)
-    elif reader == "xhtml":
-        extracted = extract_files(archive, pin.name, cache / "extract-xhtml", is_document_member)
+    elif reader == "pages":
+        extracted = extract_files(archive, pin.name, cache / "extract-pages", is_document_member)
         pairs = read_documents(extracted / "files", pin.name)
     else:
         extracted = extract_archive(archive, pin.name, cache / "extract")

@@ -1,7 +1,9 @@
-"""Reads documentation built in both languages (XHTML pages under `en-US/` and `fr-FR/`) as block-aligned pairs.
+"""Reads documentation built in both languages as block-aligned pairs: XHTML pages under `en-US/` and `fr-FR/`
+(DocBook, Publican), Mallard pages under `help/C/` and `help/fr/` (GNOME help).
 
 A page pair is aligned only when both pages have the same sequence of text blocks (paragraphs, titles, terms); a
-block pair with as many sentences on each side is split into sentence pairs. Knows XHTML; not archives or cleaning.
+block pair with as many sentences on each side is split into sentence pairs. Knows XHTML and Mallard; not archives
+or cleaning.
 """
 
 from __future__ import annotations
@@ -20,20 +22,43 @@ from model_export.corpus.extract import RawPair
 log = logging.getLogger(__name__)
 
 _XHTML = "{http://www.w3.org/1999/xhtml}"
-_BLOCK_TAGS = frozenset({"p", "h1", "h2", "h3", "h4", "h5", "h6", "dt", "th", "td"})
+_MALLARD = "{http://projectmallard.org/1.0/}"
+_BLOCK_TAGS = {
+    _XHTML: frozenset({"p", "h1", "h2", "h3", "h4", "h5", "h6", "dt", "th", "td"}),
+    _MALLARD: frozenset({"p", "title", "subtitle", "desc"}),
+}
 _BLOCK_CLASSES = frozenset({"para", "title"})  # DocBook/Publican's <div class="para">
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=[A-ZÀ-Ý«\"“(])")
-ENGLISH_DIR, FRENCH_DIR = "/en-US/", "/fr-FR/"
+#: (suffix, English folder, French folder) of each layout
+LAYOUTS = ((".html", "/en-US/", "/fr-FR/"), (".page", "/help/C/", "/help/fr/"))
 
 
 def is_document_member(name: str) -> bool:
-    """An XHTML page of the English or the French build of a document."""
-    return name.endswith(".html") and (ENGLISH_DIR in name or FRENCH_DIR in name)
+    """A page of the English or the French build of a document."""
+    path = "/" + name
+    return any(path.endswith(suffix) and (en in path or fr in path) for suffix, en, fr in LAYOUTS)
+
+
+def french_twin(path: Path) -> tuple[Path, str] | None:
+    """Where the French build puts the page of an English one, and the page's name below the language folder
+    (`apt`, `gnome-help/net-proxy`); None if `path` is not an English page."""
+    text = path.as_posix()
+    for suffix, english, french in LAYOUTS:
+        if text.endswith(suffix) and english in text:
+            return Path(text.replace(english, french, 1)), text.split(english, 1)[1].removesuffix(suffix)
+    return None
+
+
+def _tag(element: Element) -> str:
+    return element.tag if isinstance(element.tag, str) else ""
 
 
 def _is_block(element: Element) -> bool:
-    tag = element.tag.removeprefix(_XHTML) if isinstance(element.tag, str) else ""
-    return tag in _BLOCK_TAGS or tag == "div" and element.get("class") in _BLOCK_CLASSES
+    tag = _tag(element)
+    namespace, _, name = tag.rpartition("}")
+    if name in _BLOCK_TAGS.get(namespace + "}", frozenset()):
+        return True
+    return tag == f"{_XHTML}div" and element.get("class") in _BLOCK_CLASSES
 
 
 def page_blocks(path: Path) -> list[tuple[str, str]] | None:
@@ -46,7 +71,7 @@ def page_blocks(path: Path) -> list[tuple[str, str]] | None:
     blocks = []
     for element in root.iter():
         if _is_block(element) and not any(_is_block(inner) for inner in element.iter() if inner is not element):
-            blocks.append((str(element.tag).removeprefix(_XHTML), " ".join("".join(element.itertext()).split())))
+            blocks.append((_tag(element).rpartition("}")[2], " ".join("".join(element.itertext()).split())))
     return blocks
 
 
@@ -72,13 +97,8 @@ def aligned_pairs(english: Path, french: Path) -> list[tuple[str, str]] | None:
 
 def read_documents(files: Path, package: str) -> Iterator[RawPair]:
     """Every aligned pair of each English page under `files` and its French twin; the document is the page."""
-    for english in sorted(files.rglob("*.html")):
-        if ENGLISH_DIR not in english.as_posix() + "/":
-            continue
-        french = Path(english.as_posix().replace(ENGLISH_DIR, FRENCH_DIR))
-        pairs = aligned_pairs(english, french) if french.exists() else None
-        if pairs is None:
-            log.debug("no aligned French twin for %s", english)
-            continue
-        for source, target in pairs:
-            yield RawPair(source, target, package, english.stem)
+    for english in sorted(files.rglob("*")):
+        twin = french_twin(english)
+        pairs = aligned_pairs(english, twin[0]) if twin is not None and twin[0].exists() else None
+        for source, target in pairs or []:
+            yield RawPair(source, target, package, twin[1])  # type: ignore[index]

@@ -20,7 +20,7 @@ from model_export.corpus import CorpusError, clean
 from model_export.corpus.__main__ import main
 from model_export.corpus.build import BuildOptions, build
 from model_export.corpus.dictionary import dictd_number, entry_pair, read_freedict
-from model_export.corpus.documents import block_pairs, read_documents
+from model_export.corpus.documents import block_pairs, is_document_member, read_documents
 from model_export.corpus.extract import catalog_files, choose_catalogs, extract_archive, path_locale, read_catalog
 from model_export.corpus.fetch import cached_archive, deb_glob
 from model_export.corpus.notice import debian_licence, wheel_licence
@@ -465,13 +465,24 @@ def test_read_documents_aligns_blocks_and_skips_unaligned_pages(tmp_path):
     xhtml_page(html / "en-US/lonely.html", "<p>Only English</p>")
     xhtml_page(html / "en-US/broken.html", "<p>Broken</p>")
     (html / "fr-FR/broken.html").write_text("<html><p>&nbsp;</html>")  # unreadable: skipped
+    help_page = '<page xmlns="http://projectmallard.org/1.0/"><info><desc>{}</desc>{}</info><title>{}</title></page>'
+    (tmp_path / "usr/share/help/C/guide").mkdir(parents=True)
+    (tmp_path / "usr/share/help/fr/guide").mkdir(parents=True)
+    (tmp_path / "usr/share/help/C/guide/proxy.page").write_text(help_page.format("Set a proxy.", "", "Proxy"))
+    translator = "<credit><name>Jean</name></credit>"  # the French page credits its translators: no block
+    french = help_page.format("Définir un proxy.", translator, "Mandataire")
+    (tmp_path / "usr/share/help/fr/guide/proxy.page").write_text(french)
     pairs = [(p.source, p.target, p.catalog) for p in read_documents(tmp_path, "book")]
     assert pairs == [
         ("Using APT", "Utiliser APT", "apt"),
         ("APT installs packages.", "APT installe des paquets.", "apt"),
         ("It resolves dependencies.", "Il résout les dépendances.", "apt"),
         ("One item", "Un élément", "apt"),
+        ("Set a proxy.", "Définir un proxy.", "guide/proxy"),
+        ("Proxy", "Mandataire", "guide/proxy"),
     ]
+    assert is_document_member("usr/share/help/fr/guide/proxy.page") and is_document_member("x/html/en-US/a.html")
+    assert not is_document_member("usr/share/help/de/guide/proxy.page")
 
 
 def test_block_pairs_split_sentences_only_when_they_match():
