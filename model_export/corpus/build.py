@@ -72,14 +72,21 @@ def _licence(pin: Pin, text: str) -> str:
     return debian_licence(text) if pin.kind == "deb" else wheel_licence(text)
 
 
-def read_archive(archive: Path, pin: Pin, reader: str, cache: Path) -> tuple[Iterator[RawPair], str]:
-    """The raw pairs of an archive as its group's reader finds them, and its licence text."""
+def _pages(archive: Path, pin: Pin, cache: Path) -> Path:
+    return extract_files(archive, pin.name, cache / "extract-pages", is_document_member)
+
+
+def read_archive(
+    archive: Path, pin: Pin, reader: str, cache: Path, others: list[Path]
+) -> tuple[Iterator[RawPair], str]:
+    """The raw pairs of an archive as its group's reader finds them, and its licence text; `others` are the
+    extracted pages of the other archives of a `pages` group, where a French build may be."""
     if reader == "freedict":
         extracted = extract_files(archive, pin.name, cache / "extract-freedict", is_dictionary_member)
         pairs = read_freedict(extracted / "files", pin.name)
     elif reader == "pages":
-        extracted = extract_files(archive, pin.name, cache / "extract-pages", is_document_member)
-        pairs = read_documents(extracted / "files", pin.name)
+        extracted = _pages(archive, pin, cache)
+        pairs = read_documents(extracted / "files", pin.name, [o / "files" for o in others if o != extracted])
     else:
         extracted = extract_archive(archive, pin.name, cache / "extract")
         pairs = (raw for mo in catalog_files(extracted) for raw in read_catalog(mo, pin.name, mo.stem))
@@ -91,10 +98,15 @@ def harvest(
 ) -> Harvest:
     """Extract every archive's French catalogs and clean their entries (the one long loop of the build)."""
     found = Harvest()
+    pages: dict[str, list[Path]] = {}
+    for pin, archive in archives.items():
+        if groups[pin.group].reader == "pages":
+            pages.setdefault(pin.group, []).append(_pages(archive, pin, cache))
     task = progress.add_task("extract", total=len(archives), note="")
     for pin, archive in archives.items():
         progress.update(task, note=pin.name)
-        pairs, copyright_text = read_archive(archive, pin, groups[pin.group].reader, cache)
+        reader = groups[pin.group].reader
+        pairs, copyright_text = read_archive(archive, pin, reader, cache, pages.get(pin.group, []))
         found.copyrights[pin.name] = copyright_text
         found.licences.append((pin.name, pin.version, pin.kind, _licence(pin, copyright_text)))
         for raw in pairs:

@@ -463,8 +463,8 @@ def test_read_documents_aligns_blocks_and_skips_unaligned_pages(tmp_path):
     xhtml_page(html / "en-US/gone.html", "<p>One</p><p>Two</p>")
     xhtml_page(html / "fr-FR/gone.html", "<p>Un et deux</p>")  # block sequences differ: the page is skipped
     xhtml_page(html / "en-US/lonely.html", "<p>Only English</p>")
-    xhtml_page(html / "en-US/broken.html", "<p>Broken</p>")
-    (html / "fr-FR/broken.html").write_text("<html><p>&nbsp;</html>")  # unreadable: skipped
+    (html / "fr-FR/html5.html").write_text("<!DOCTYPE html><p>Bonjour&nbsp;!<br></p>")  # HTML, not XML
+    xhtml_page(html / "en-US/html5.html", "<p>Hello!</p>")
     help_page = '<page xmlns="http://projectmallard.org/1.0/"><info><desc>{}</desc>{}</info><title>{}</title></page>'
     (tmp_path / "usr/share/help/C/guide").mkdir(parents=True)
     (tmp_path / "usr/share/help/fr/guide").mkdir(parents=True)
@@ -472,17 +472,34 @@ def test_read_documents_aligns_blocks_and_skips_unaligned_pages(tmp_path):
     translator = "<credit><name>Jean</name></credit>"  # the French page credits its translators: no block
     french = help_page.format("Définir un proxy.", translator, "Mandataire")
     (tmp_path / "usr/share/help/fr/guide/proxy.page").write_text(french)
+    (tmp_path / "usr/share/help/C/guide/broken.page").write_text(help_page.format("Broken", "", "x"))
+    (tmp_path / "usr/share/help/fr/guide/broken.page").write_text("<page><p>&nbsp;</page>")  # unreadable: skipped
     pairs = [(p.source, p.target, p.catalog) for p in read_documents(tmp_path, "book")]
     assert pairs == [
-        ("Using APT", "Utiliser APT", "apt"),
-        ("APT installs packages.", "APT installe des paquets.", "apt"),
-        ("It resolves dependencies.", "Il résout les dépendances.", "apt"),
-        ("One item", "Un élément", "apt"),
-        ("Set a proxy.", "Définir un proxy.", "guide/proxy"),
-        ("Proxy", "Mandataire", "guide/proxy"),
+        ("Using APT", "Utiliser APT", "usr/share/doc/book/html/apt"),
+        ("APT installs packages.", "APT installe des paquets.", "usr/share/doc/book/html/apt"),
+        ("It resolves dependencies.", "Il résout les dépendances.", "usr/share/doc/book/html/apt"),
+        ("One item", "Un élément", "usr/share/doc/book/html/apt"),
+        ("Hello!", "Bonjour !", "usr/share/doc/book/html/html5"),
+        ("Set a proxy.", "Définir un proxy.", "usr/share/help/guide/proxy"),
+        ("Proxy", "Mandataire", "usr/share/help/guide/proxy"),
     ]
     assert is_document_member("usr/share/help/fr/guide/proxy.page") and is_document_member("x/html/en-US/a.html")
     assert not is_document_member("usr/share/help/de/guide/proxy.page")
+
+
+def test_read_documents_finds_the_french_build_in_another_package(tmp_path):
+    english, french = tmp_path / "reference-en", tmp_path / "reference-fr"
+    xhtml_page(english / "usr/share/reference/ch01.en.html", "<h1>Tutorials</h1>")
+    xhtml_page(french / "usr/share/reference/ch01.fr.html", "<h1>Didacticiels</h1>")
+    xhtml_page(english / "usr/share/libreoffice/help/en-US/text/a.html", "<p>Insert a table.</p>")
+    xhtml_page(french / "usr/share/libreoffice/help/fr/text/a.html", "<p>Insérer un tableau.</p>")
+    pairs = [(p.source, p.target, p.catalog) for p in read_documents(english, "ref-en", [french])]
+    assert pairs == [
+        ("Insert a table.", "Insérer un tableau.", "usr/share/libreoffice/help/text/a"),
+        ("Tutorials", "Didacticiels", "usr/share/reference/ch01"),
+    ]
+    assert list(read_documents(french, "ref-fr", [english])) == []
 
 
 def test_block_pairs_split_sentences_only_when_they_match():
