@@ -201,7 +201,10 @@ def make_splits(
     if not others:
         return splits
     others = without_keys(others, splits["dev"] + splits["test"])
-    by_document = _packages(pins, groups, lambda g: g.holdout == "documents")
+    by_document = [
+        {p.name for p in pins if p.group == name} for name, g in groups.items() if g.holdout == "documents"
+    ]
+    by_document = [packages for packages in by_document if packages]
     if by_document:
         sizes = (options.general_dev_size, options.general_test_size)
         general, others = split_general(others, by_document, *sizes, options.seed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from model_export.corpus.clean import normalised_key
@@ -158,22 +158,30 @@ def _choose_documents(
     return chosen
 
 
+def shares(total: int, parts: int) -> list[int]:
+    """`total` cut into `parts` near-equal whole shares, the larger first."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
 def take_documents(
-    pairs: list[Pair], eligible: set[str], size: int, seed: int
+    pairs: list[Pair], eligible: Sequence[set[str]], size: int, seed: int
 ) -> tuple[list[Pair], list[Pair]]:
-    """(held, rest): at most `size` pairs of whole documents of the eligible packages, spread across packages; from
-    the rest also every pair whose normalised source a held-out pair has."""
-    chosen = _choose_documents(*_document_queues(pairs, eligible, seed), size)
+    """(held, rest): at most `size` pairs of whole documents, an equal share from each set of eligible packages (a
+    group), spread across its packages; from the rest also every pair whose normalised source a held-out pair has."""
+    chosen: set[tuple[str, str]] = set()
+    for packages, share in zip(eligible, shares(size, len(eligible)), strict=True):
+        chosen |= _choose_documents(*_document_queues(pairs, packages, seed), share)
     held = [p for p in pairs if (p.package, p.document) in chosen]
     rest = without_keys([p for p in pairs if (p.package, p.document) not in chosen], held)
     return held, rest
 
 
 def split_general(
-    pairs: list[Pair], eligible: set[str], dev_size: int, test_size: int, seed: int
+    pairs: list[Pair], eligible: Sequence[set[str]], dev_size: int, test_size: int, seed: int
 ) -> tuple[dict[str, list[Pair]], list[Pair]]:
-    """The general-domain `test.general` and `dev.general` splits, of whole documents of the eligible packages,
-    and the pairs left for the other splits (none sharing a normalised source with a held-out pair)."""
+    """The general-domain `test.general` and `dev.general` splits, of whole documents of the eligible packages (one
+    set per group, each group an equal share), and the pairs left for the other splits (none sharing a normalised
+    source with a held-out pair)."""
     test, rest = take_documents(pairs, eligible, test_size, seed)
     dev, rest = take_documents(rest, eligible, dev_size, seed + 1)
     return {"dev.general": dev, "test.general": test}, rest

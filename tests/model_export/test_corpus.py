@@ -25,7 +25,15 @@ from model_export.corpus.extract import catalog_files, choose_catalogs, extract_
 from model_export.corpus.fetch import cached_archive, deb_glob
 from model_export.corpus.notice import debian_licence, wheel_licence
 from model_export.corpus.pins import Group, Pin, parse_recipe, select_groups
-from model_export.corpus.split import Pair, cap_pairs, deduplicate, group_by_key, split_general, split_pairs
+from model_export.corpus.split import (
+    Pair,
+    cap_pairs,
+    deduplicate,
+    group_by_key,
+    shares,
+    split_general,
+    split_pairs,
+)
 from model_export.corpus.tokenizer import pieces_per_sentence
 
 
@@ -336,7 +344,7 @@ def documents_corpus() -> list[Pair]:
 
 def test_general_splits_hold_out_whole_documents():
     pairs = documents_corpus()
-    general, rest = split_general(pairs, {"p0", "p1"}, dev_size=25, test_size=30, seed=3)
+    general, rest = split_general(pairs, [{"p0", "p1"}], dev_size=25, test_size=30, seed=3)
     held = {name: {(p.package, p.document) for p in part} for name, part in general.items()}
     assert len(general["test.general"]) <= 30 and len(general["dev.general"]) <= 25
     assert len(held["test.general"]) >= 2 and len(held["dev.general"]) >= 2
@@ -351,9 +359,16 @@ def test_general_splits_hold_out_whole_documents():
 
 def test_general_splits_are_deterministic():
     pairs = documents_corpus()
-    assert split_general(pairs, {"p0", "p1"}, 20, 20, seed=4) == split_general(list(pairs), {"p0", "p1"}, 20, 20, 4)
-    tests = {tuple(split_general(pairs, {"p0", "p1"}, 20, 20, seed)[0]["test.general"]) for seed in range(6)}
+    assert split_general(pairs, [{"p0", "p1"}], 20, 20, seed=4) == split_general(list(pairs), [{"p0", "p1"}], 20, 20, 4)
+    tests = {tuple(split_general(pairs, [{"p0", "p1"}], 20, 20, seed)[0]["test.general"]) for seed in range(6)}
     assert len(tests) > 1
+
+
+def test_general_splits_give_each_group_an_equal_share():
+    general, _ = split_general(documents_corpus(), [{"p0"}, {"p1", "p2"}], dev_size=20, test_size=41, seed=1)
+    test = general["test.general"]
+    assert sum(p.package == "p0" for p in test) == 21 and sum(p.package != "p0" for p in test) == 20
+    assert shares(41, 2) == [21, 20] and shares(3, 3) == [1, 1, 1]
 
 
 def test_cap_pairs_is_seeded_and_keeps_others():
