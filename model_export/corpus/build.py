@@ -134,9 +134,9 @@ def write_split(out: Path, name: str, pairs: list[Pair]) -> None:
         (out / f"{name}.{suffix}").write_text("".join(v + "\n" for v in values), encoding="utf-8")
 
 
-def write_notice(out: Path, found: Harvest) -> None:
+def write_notice(out: Path, found: Harvest, gettext_only: bool = True) -> None:
     """NOTICE (one line per package) and licenses/<package>.txt with each full copyright text."""
-    (out / "NOTICE").write_text(notice_text(found.licences), encoding="utf-8")
+    (out / "NOTICE").write_text(notice_text(found.licences, gettext_only), encoding="utf-8")
     licenses = out / "licenses"
     shutil.rmtree(licenses, ignore_errors=True)
     licenses.mkdir()
@@ -235,7 +235,7 @@ def build(pins: list[Pin], options: BuildOptions, groups: dict[str, Group] | Non
         found.dropped["shares_held_out_source"] = leaked
     for name, pairs in splits.items():
         write_split(options.out, name, pairs)
-    write_notice(options.out, found)
+    write_notice(options.out, found, all(groups[p.group].reader == "gettext" for p in pins))
     extra = {
         "seconds": round(time.monotonic() - started, 1),
         "mb_downloaded": round(downloaded / 1e6, 1),

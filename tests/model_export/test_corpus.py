@@ -23,7 +23,7 @@ from model_export.corpus.dictionary import dictd_number, entry_pair, read_freedi
 from model_export.corpus.documents import block_pairs, is_document_member, read_documents
 from model_export.corpus.extract import catalog_files, choose_catalogs, extract_archive, path_locale, read_catalog
 from model_export.corpus.fetch import cached_archive, deb_glob
-from model_export.corpus.notice import debian_licence, wheel_licence
+from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
 from model_export.corpus.pins import Group, Pin, parse_recipe, select_groups
 from model_export.corpus.split import (
     Pair,
@@ -556,6 +556,10 @@ def test_build_groups_general_splits_and_stable_software_splits(tmp_path):
     for name in ("dev", "test"):
         assert (out / f"{name}.en").read_text() == (tmp_path / "sw" / f"{name}.en").read_text()
     assert "general_documents" not in software_only and not (tmp_path / "sw" / "test.general.en").exists()
+    notice = (out / "NOTICE").read_text()
+    assert notice.startswith("Training data of the default EN->FR model") and "story 1.0 (wheel): MIT\n" in notice
+    wide = notice_text([("d", "1", "deb", "GPL-2+")], gettext_only=False)
+    assert "gettext catalogs, dictionaries and\ndocumentation" in wide and wide.endswith("\nd 1 (deb): GPL-2+\n")
 
 
 def test_cli_error_is_one_line(tmp_path, capsys):
