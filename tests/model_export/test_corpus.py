@@ -562,6 +562,40 @@ def test_build_groups_general_splits_and_stable_software_splits(tmp_path):
     assert "gettext catalogs, dictionaries and\ndocumentation" in wide and wide.endswith("\nd 1 (deb): GPL-2+\n")
 
 
+def make_deb(folder: Path, name: str, files: dict[str, str]) -> Path:
+    """A real .deb of `name` 1.0 holding `files` (path: text) and a DEP-5 copyright file."""
+    root = folder / f"root-{name}"
+    for path, text in {**files, f"usr/share/doc/{name}/copyright": "Files: *\nLicense: GPL-2+\n"}.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text, encoding="utf-8")
+    (root / "DEBIAN").mkdir()
+    (root / "DEBIAN/control").write_text(
+        f"Package: {name}\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@e.org>\nDescription: t\n"
+    )
+    deb = folder / "debs" / f"{name}_1.0_all.deb"
+    deb.parent.mkdir(exist_ok=True)
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_build_pages_whose_french_build_is_another_package(tmp_path):
+    page = '<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body>{}</body></html>'
+    english = {f"usr/share/ref/ch{i}.en.html": page.format(f"<h1>Chapter {i}</h1><p>Read {i}.</p>") for i in range(4)}
+    french = {f"usr/share/ref/ch{i}.fr.html": page.format(f"<h1>Chapitre {i}</h1><p>Lisez {i}.</p>") for i in range(4)}
+    cache = tmp_path / "cache"
+    make_deb(cache, "ref-en", english)
+    make_deb(cache, "ref-fr", french)
+    pins = [Pin("deb", "ref-en", "1.0", "docs"), Pin("deb", "ref-fr", "1.0", "docs")]
+    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1, general_dev_size=2, general_test_size=2)
+    stats = build(pins, options, {"docs": Group("docs", extra=True, reader="pages", holdout="documents")})
+    assert stats["groups"]["docs"] == {"train": 4, "dev": 0, "test": 0, "dev.general": 2, "test.general": 2}
+    assert stats["packages"]["ref-en"]["entries"] == 8 and stats["packages"]["ref-fr"]["entries"] == 0
+    assert stats["general_documents"]["test.general"][0].startswith("ref-en/usr/share/ref/ch")
+    assert "ref-fr 1.0 (deb): GPL-2+" in (tmp_path / "out/NOTICE").read_text()
+    assert (tmp_path / "out/NOTICE").read_text().startswith("EN->FR training data")
+
+
 def test_cli_error_is_one_line(tmp_path, capsys):
     assert main(["build", "--packages", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
