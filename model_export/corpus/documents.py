@@ -1,5 +1,6 @@
 """Reads documentation built in both languages as block-aligned pairs: XHTML or HTML pages (DocBook, Publican,
-LibreOffice's help) and Mallard pages (GNOME help), the French build beside the English one or in another package.
+LibreOffice's help), Mallard pages (GNOME help) and manual pages (roff, read by manpages.py), the French build
+beside the English one or in another package.
 
 A page pair is aligned only when both pages have the same sequence of text blocks (paragraphs, titles, terms); a
 block pair with as many sentences on each side is split into sentence pairs. Knows the page formats and where each
@@ -8,8 +9,10 @@ layout puts its French pages; not archives or cleaning.
 
 from __future__ import annotations
 
+import gzip
 import logging
 import re
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ import lxml.html
 from defusedxml import DefusedXmlException
 
 from model_export.corpus.extract import RawPair
+from model_export.corpus.manpages import roff_blocks
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,7 @@ LAYOUTS = (
     ("/en-US/", "/fr-FR/", ".html", "/"),  # Publican (debian-handbook)
     ("/help/C/", "/help/fr/", ".page", "/help/"),  # Mallard (GNOME help)
     (".en.html", ".fr.html", ".html", ".html"),  # DocBook pages named by language (debian-reference)
+    ("/share/man/man", "/share/man/fr/man", ".gz", "/share/man/man"),  # manual pages (manpages-fr)
 )
 
 
@@ -88,8 +93,18 @@ def _is_block(element: Any) -> bool:
     return name == "div" and namespace in (_XHTML, "") and element.get("class") in _BLOCK_CLASSES
 
 
+def _manual_blocks(path: Path) -> list[tuple[str, str]] | None:
+    try:
+        return roff_blocks(gzip.decompress(path.read_bytes()).decode("utf-8", errors="replace"))
+    except (OSError, EOFError, zlib.error) as exc:
+        log.warning("skipping unreadable manual page %s: %s", path, exc)
+        return None
+
+
 def page_blocks(path: Path) -> list[tuple[str, str]] | None:
     """(tag, text) of a page's innermost text blocks in document order, whitespace collapsed; None if unreadable."""
+    if path.suffix == ".gz":
+        return _manual_blocks(path)
     root = _parse(path)
     if root is None:
         return None

@@ -23,6 +23,7 @@ from model_export.corpus.dictionary import dictd_number, entry_pair, read_freedi
 from model_export.corpus.documents import block_pairs, is_document_member, read_documents
 from model_export.corpus.extract import catalog_files, choose_catalogs, extract_archive, path_locale, read_catalog
 from model_export.corpus.fetch import cached_archive, deb_glob
+from model_export.corpus.manpages import plain, roff_blocks
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
 from model_export.corpus.pins import Group, Pin, parse_recipe, select_groups
 from model_export.corpus.split import (
@@ -520,6 +521,65 @@ def test_read_documents_finds_the_french_build_in_another_package(tmp_path):
 def test_block_pairs_split_sentences_only_when_they_match():
     assert block_pairs("One. Two.", "Un. Deux.") == [("One.", "Un."), ("Two.", "Deux.")]
     assert block_pairs("One. Two.", "Un et deux.") == [("One. Two.", "Un et deux.")]
+
+
+MAN_EN = r""".\" Copyright the authors
+.TH ARP 7 2022-12-15 "Linux man-pages 6.03"
+.SH NAME
+arp \- Linux ARP kernel module.
+.SH DESCRIPTION
+A process can use
+.BR packet (7)
+sockets.
+.PP
+.TP
+.B app_solicit
+Maximum number of probes.
+.PP
+.nf
+int fd = socket(AF_INET);
+.fi
+.SH "SEE ALSO"
+.BR ip (7)
+"""
+MAN_FR = r"""'\" t
+.TH arp 7 "15 décembre 2022" "Pages du manuel de Linux 6.03"
+.SH NOM
+arp \- Module ARP du noyau Linux
+.SH DESCRIPTION
+Un processus peut utiliser les sockets \fBpacket\fP(7).
+.TP
+\fIapp_solicit\fP
+Nombre maximal de sondes.
+.nf
+int fd = socket(AF_INET);
+.fi
+.SH "VOIR AUSSI"
+\fBip\fP(7)
+.SH TRADUCTION
+La traduction française de cette page a été créée par Jean Dupont
+"""
+
+
+def test_roff_blocks_read_macros_and_escapes_alike():
+    english, french = roff_blocks(MAN_EN), roff_blocks(MAN_FR)
+    assert [kind for kind, _ in english] == [kind for kind, _ in french]  # the TRADUCTION section is left out
+    assert english[3] == ("text", "A process can use packet(7) sockets.")
+    assert french[3] == ("text", "Un processus peut utiliser les sockets packet(7).")
+    assert (english[4], french[4]) == (("TP-tag", "app_solicit"), ("TP-tag", "app_solicit"))
+    assert english[6] == ("verbatim", "") and english[-2:] == [("SH", "SEE ALSO"), ("text", "ip(7)")]
+    assert plain(r"\fBopen\fR(2) \(em a \(lqfile\(rq \e\- x\ y") == "open(2) — a “file” \\- x y"
+
+
+def test_read_documents_pairs_manual_pages(tmp_path):
+    for folder, text in (("usr/share/man/man7", MAN_EN), ("usr/share/man/fr/man7", MAN_FR)):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "arp.7.gz").write_bytes(gzip.compress(text.encode()))
+    pairs = {(p.source, p.target, p.catalog) for p in read_documents(tmp_path, "manpages")}
+    assert ("Linux ARP kernel module.", "Module ARP du noyau Linux", "usr/share/man/man7/arp.7") not in pairs
+    assert ("arp - Linux ARP kernel module.", "arp - Module ARP du noyau Linux", "usr/share/man/man7/arp.7") in pairs
+    assert ("Maximum number of probes.", "Nombre maximal de sondes.", "usr/share/man/man7/arp.7") in pairs
+    assert len(pairs) == 8
 
 
 def catalog_wheel(folder: Path, name: str, catalogs: dict[str, list[tuple[str, str]]]) -> Path:
