@@ -12,9 +12,16 @@ from pathlib import Path
 
 from model_export.corpus import CorpusError
 from model_export.corpus.build import BuildOptions, build
-from model_export.corpus.pins import DEFAULT_PINS, load_pins
+from model_export.corpus.pins import DEFAULT_PINS, load_recipe, select_groups
 from model_export.corpus.tokenizer import dev_lengths, train_tokenizer
 from service.arguments import non_negative_int, positive_int
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated group names")
+    return names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--dev-size", type=positive_int, default=2000)
     b.add_argument("--test-size", type=positive_int, default=2000)
     b.add_argument("--seed", type=non_negative_int, default=1234)
+    b.add_argument(
+        "--groups",
+        type=_names,
+        help="comma-separated groups of the packages list to build, or `all` (default: every group not marked "
+        "`extra`, the recipe of the shipped model)",
+    )
+    b.add_argument("--general-dev-size", type=positive_int, default=1000, help="pairs of whole documents")
+    b.add_argument("--general-test-size", type=positive_int, default=1000, help="pairs of whole documents")
     t = commands.add_parser("tokenizer", help="train the shared SentencePiece model on the train split")
     t.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     t.add_argument("--vocab-size", type=positive_int, default=8000)
@@ -43,8 +58,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _build(args: argparse.Namespace) -> None:
-    options = BuildOptions(args.out, args.cache, args.dev_size, args.test_size, args.seed)
-    stats = build(load_pins(args.packages), options)
+    options = BuildOptions(
+        args.out, args.cache, args.dev_size, args.test_size, args.seed, args.general_dev_size, args.general_test_size
+    )
+    pins, groups = load_recipe(args.packages)
+    chosen = select_groups(groups, args.groups)
+    stats = build([p for p in pins if p.group in chosen], options, chosen)
     pairs = ", ".join(f"{k} {v}" for k, v in stats["pairs"].items())
     print(f"wrote {args.out}: {pairs} pairs in {stats['seconds']} s, {stats['mb_downloaded']} MB downloaded")
 

@@ -1,6 +1,8 @@
-"""The corpus build: fetch pinned archives, extract French catalogs, clean, deduplicate, split, write files.
+"""The corpus build: fetch pinned archives, extract French catalogs (or dictionaries, or bilingual documentation),
+clean, deduplicate, split, write files.
 
-Owns the output layout (`{train,dev,test}.{en,fr,origin}`, stats.json, NOTICE, licenses/), not the rules.
+Owns the output layout (`{train,dev,test}.{en,fr,origin}`, `{dev,test}.general.*` when a group is held out by
+document, stats.json, NOTICE, licenses/), not the rules.
 """
 
 from __future__ import annotations
@@ -10,21 +12,25 @@ import logging
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from model_export.corpus.clean import clean_entry, count_reasons
-from model_export.corpus.extract import catalog_files, extract_archive, read_catalog
+from model_export.corpus.dictionary import is_dictionary_member, read_freedict
+from model_export.corpus.documents import is_document_member, read_documents
+from model_export.corpus.extract import RawPair, catalog_files, extract_archive, extract_files, read_catalog
 from model_export.corpus.fetch import fetch_all
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
-from model_export.corpus.pins import Pin
-from model_export.corpus.split import Pair, deduplicate, split_pairs
+from model_export.corpus.pins import Group, Pin
+from model_export.corpus.split import Pair, cap_pairs, deduplicate, split_general, split_pairs, without_keys
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test")
+GENERAL_SPLITS = ("dev.general", "test.general")
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,8 @@ class BuildOptions:
     dev_size: int = 2000
     test_size: int = 2000
     seed: int = 1234
+    general_dev_size: int = 1000
+    general_test_size: int = 1000
 
 
 @dataclass
@@ -64,22 +72,48 @@ def _licence(pin: Pin, text: str) -> str:
     return debian_licence(text) if pin.kind == "deb" else wheel_licence(text)
 
 
-def harvest(archives: dict[Pin, Path], cache: Path, progress: Progress) -> Harvest:
+def _pages(archive: Path, pin: Pin, cache: Path) -> Path:
+    return extract_files(archive, pin.name, cache / "extract-pages", is_document_member)
+
+
+def read_archive(
+    archive: Path, pin: Pin, reader: str, cache: Path, others: list[Path]
+) -> tuple[Iterator[RawPair], str]:
+    """The raw pairs of an archive as its group's reader finds them, and its licence text; `others` are the
+    extracted pages of the other archives of a `pages` group, where a French build may be."""
+    if reader == "freedict":
+        extracted = extract_files(archive, pin.name, cache / "extract-freedict", is_dictionary_member)
+        pairs = read_freedict(extracted / "files", pin.name)
+    elif reader == "pages":
+        extracted = _pages(archive, pin, cache)
+        pairs = read_documents(extracted / "files", pin.name, [o / "files" for o in others if o != extracted])
+    else:
+        extracted = extract_archive(archive, pin.name, cache / "extract")
+        pairs = (raw for mo in catalog_files(extracted) for raw in read_catalog(mo, pin.name, mo.stem))
+    return pairs, (extracted / "LICENSE-SOURCE").read_text(encoding="utf-8", errors="replace")
+
+
+def harvest(
+    archives: dict[Pin, Path], groups: dict[str, Group], cache: Path, progress: Progress
+) -> Harvest:
     """Extract every archive's French catalogs and clean their entries (the one long loop of the build)."""
     found = Harvest()
+    pages: dict[str, list[Path]] = {}
+    for pin, archive in archives.items():
+        if groups[pin.group].reader == "pages":
+            pages.setdefault(pin.group, []).append(_pages(archive, pin, cache))
     task = progress.add_task("extract", total=len(archives), note="")
     for pin, archive in archives.items():
         progress.update(task, note=pin.name)
-        extracted = extract_archive(archive, pin.name, cache / "extract")
-        copyright_text = (extracted / "LICENSE-SOURCE").read_text(encoding="utf-8", errors="replace")
+        reader = groups[pin.group].reader
+        pairs, copyright_text = read_archive(archive, pin, reader, cache, pages.get(pin.group, []))
         found.copyrights[pin.name] = copyright_text
         found.licences.append((pin.name, pin.version, pin.kind, _licence(pin, copyright_text)))
-        for mo in catalog_files(extracted):
-            for raw in read_catalog(mo, pin.name, mo.stem):
-                found.entries[pin.name] += 1
-                kept, reasons = clean_entry(raw.source, raw.target, raw.fuzzy)
-                count_reasons(reasons, found.dropped)
-                found.pairs += [Pair(src, tgt, pin.name) for src, tgt in kept]
+        for raw in pairs:
+            found.entries[pin.name] += 1
+            kept, reasons = clean_entry(raw.source, raw.target, raw.fuzzy)
+            count_reasons(reasons, found.dropped)
+            found.pairs += [Pair(src, tgt, pin.name, raw.catalog) for src, tgt in kept]
         progress.advance(task)
     return found
 
@@ -100,9 +134,9 @@ def write_split(out: Path, name: str, pairs: list[Pair]) -> None:
         (out / f"{name}.{suffix}").write_text("".join(v + "\n" for v in values), encoding="utf-8")
 
 
-def write_notice(out: Path, found: Harvest) -> None:
+def write_notice(out: Path, found: Harvest, gettext_only: bool = True) -> None:
     """NOTICE (one line per package) and licenses/<package>.txt with each full copyright text."""
-    (out / "NOTICE").write_text(notice_text(found.licences), encoding="utf-8")
+    (out / "NOTICE").write_text(notice_text(found.licences, gettext_only), encoding="utf-8")
     licenses = out / "licenses"
     shutil.rmtree(licenses, ignore_errors=True)
     licenses.mkdir()
@@ -115,36 +149,93 @@ def stats_of(
 ) -> dict:
     """stats.json content: pairs per package, group and split; catalog entries; drops by reason."""
     group_of = {p.name: p.group for p in pins}
+    names = [s for s in (*SPLITS, *GENERAL_SPLITS) if s in splits]
     per_package = {
         p.name: {"group": p.group, "version": p.version, "entries": found.entries[p.name]}
-        | {s: 0 for s in SPLITS}
+        | dict.fromkeys(names, 0)
         for p in pins
     }
     per_group: dict[str, dict[str, int]] = {}
     for split, pairs in splits.items():
         for pair in pairs:
             per_package[pair.package][split] += 1
-            group = per_group.setdefault(group_of[pair.package], dict.fromkeys(SPLITS, 0))
+            group = per_group.setdefault(group_of[pair.package], dict.fromkeys(names, 0))
             group[split] += 1
     totals = {s: len(v) for s, v in splits.items()}
     dropped = dict(sorted(found.dropped.items(), key=lambda kv: -kv[1]))
-    return extra | {"pairs": totals, "groups": per_group, "dropped": dropped, "packages": per_package}
+    documents = {
+        name: sorted({f"{p.package}/{p.document}" for p in splits[name]}) for name in GENERAL_SPLITS if name in splits
+    }
+    general = {"general_documents": documents} if documents else {}
+    return extra | {"pairs": totals, "groups": per_group, "dropped": dropped} | general | {"packages": per_package}
 
 
-def build(pins: list[Pin], options: BuildOptions) -> dict:
-    """Run the whole build and return its stats (also written to stats.json)."""
+def _packages(pins: list[Pin], groups: dict[str, Group], wanted: Callable[[Group], bool]) -> set[str]:
+    return {p.name for p in pins if wanted(groups[p.group])}
+
+
+def apply_caps(pairs: list[Pair], pins: list[Pin], groups: dict[str, Group], seed: int) -> list[Pair]:
+    """Each capped group's pairs cut down to its cap, drawn with the seed."""
+    for name, group in groups.items():
+        if group.cap is not None:
+            pairs = cap_pairs(pairs, {p.name for p in pins if p.group == name}, group.cap, seed)
+    return pairs
+
+
+def layers(pairs: list[Pair], pins: list[Pin], groups: dict[str, Group]) -> tuple[list[Pair], list[Pair]]:
+    """Deduplicated pairs of the groups held out by pair, and of the others without the sources the first have:
+    adding a group held out by document or not at all leaves the first layer, and so its dev/test, as it was."""
+    others_packages = _packages(pins, groups, lambda g: g.holdout != "pairs")
+    base = deduplicate([p for p in pairs if p.package not in others_packages])
+    sources = {p.source for p in base}
+    others = deduplicate([p for p in pairs if p.package in others_packages and p.source not in sources])
+    return base, others
+
+
+def make_splits(
+    base: list[Pair], others: list[Pair], pins: list[Pin], groups: dict[str, Group], options: BuildOptions
+) -> dict[str, list[Pair]]:
+    """train/dev/test of the first layer; the general-domain splits of whole documents of the groups held out by
+    document; every other pair to train unless it shares a normalised source with a held-out pair."""
+    splits = split_pairs(base, options.dev_size, options.test_size, options.seed)
+    if not others:
+        return splits
+    others = without_keys(others, splits["dev"] + splits["test"])
+    by_document = [
+        {p.name for p in pins if p.group == name} for name, g in groups.items() if g.holdout == "documents"
+    ]
+    by_document = [packages for packages in by_document if packages]
+    if by_document:
+        sizes = (options.general_dev_size, options.general_test_size)
+        general, others = split_general(others, by_document, *sizes, options.seed)
+        splits |= general
+        splits["train"] = without_keys(splits["train"], general["dev.general"] + general["test.general"])
+    splits["train"] += others
+    return splits
+
+
+def build(pins: list[Pin], options: BuildOptions, groups: dict[str, Group] | None = None) -> dict:
+    """Run the whole build of the pins (each group read, held out and capped as `groups` says; by default as
+    gettext, held out by pair) and return its stats (also written to stats.json)."""
     started = time.monotonic()
+    groups = {p.group: Group(p.group) for p in pins} | (groups or {})
     options.out.mkdir(parents=True, exist_ok=True)
     with _progress() as progress:
         task = progress.add_task("download", total=len(pins), note="apt-get / pip")
         archives, downloaded = fetch_all(pins, options.cache, lambda n: progress.advance(task, n))
-        found = harvest(archives, options.cache, progress)
-    unique = deduplicate(found.pairs)
-    found.dropped |= _dedup_counts(found.pairs, unique)
-    splits = split_pairs(unique, options.dev_size, options.test_size, options.seed)
+        found = harvest(archives, groups, options.cache, progress)
+    base, others = layers(found.pairs, pins, groups)
+    found.dropped |= _dedup_counts(found.pairs, base + others)
+    capped = apply_caps(others, pins, groups, options.seed)
+    if len(capped) < len(others):
+        found.dropped["over_cap"] = len(others) - len(capped)
+    splits = make_splits(base, capped, pins, groups, options)
+    leaked = len(base) + len(capped) - sum(len(v) for v in splits.values())
+    if leaked:
+        found.dropped["shares_held_out_source"] = leaked
     for name, pairs in splits.items():
         write_split(options.out, name, pairs)
-    write_notice(options.out, found)
+    write_notice(options.out, found, all(groups[p.group].reader == "gettext" for p in pins))
     extra = {
         "seconds": round(time.monotonic() - started, 1),
         "mb_downloaded": round(downloaded / 1e6, 1),

@@ -1,4 +1,5 @@
-"""Finds the French gettext catalogs (.mo) in .deb and .whl archives, caches them, reads them as raw pairs.
+"""Finds the French gettext catalogs (.mo) in .deb and .whl archives (or other members a reader names, in debs),
+caches them, reads catalogs as raw pairs.
 
 Knows archive layouts (locale dirs, WordPress `fr_FR.mo` names, zips nested in debs); not cleaning.
 """
@@ -12,7 +13,7 @@ import shutil
 import subprocess
 import tarfile
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -86,8 +87,16 @@ def _copyright_name(package: str) -> str:
     return f"usr/share/doc/{package}/copyright"
 
 
-def _deb_members(deb: Path, package: str) -> tuple[dict[str, bytes], bytes | None]:
-    """Read a .deb's filesystem tar once: French catalogs (nested locale zips too) and the copyright file."""
+def is_catalog(name: str) -> bool:
+    """A French gettext catalog, or a zip of locales that may hold some."""
+    return name.endswith(".mo") and path_locale(name) is not None or _is_locale_zip(name)
+
+
+def _deb_members(
+    deb: Path, package: str, wanted: Callable[[str], bool] = is_catalog
+) -> tuple[dict[str, bytes], bytes | None]:
+    """Read a .deb's filesystem tar once: the members `wanted` (French catalogs by default, the French members of
+    nested locale zips too) and the copyright file."""
     proc = subprocess.Popen(
         ["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -100,21 +109,15 @@ def _deb_members(deb: Path, package: str) -> tuple[dict[str, bytes], bytes | Non
             name = member.name.removeprefix("./")
             if member.issym():
                 links[name] = member.linkname
-            if not member.isfile():
+            if not member.isfile() or not (name == _copyright_name(package) or wanted(name)):
                 continue
-            if (
-                name.endswith(".mo")
-                and path_locale(name)
-                or _is_locale_zip(name)
-                or name.endswith("/copyright")
-            ):
-                data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                if name == _copyright_name(package):
-                    copyright_text = data
-                elif _is_locale_zip(name):
-                    found.update(_zip_catalogs(data, name))
-                elif name.endswith(".mo"):
-                    found[name] = data
+            data = tar.extractfile(member).read()  # type: ignore[union-attr]
+            if name == _copyright_name(package):
+                copyright_text = data
+            elif _is_locale_zip(name):
+                found.update(_zip_catalogs(data, name))
+            else:
+                found[name] = data
     if proc.wait() != 0:
         raise ExtractError(
             f"dpkg-deb could not read {deb.name}: {proc.stderr.read().decode(errors='replace')}"
@@ -159,6 +162,25 @@ def extract_archive(archive: Path, package: str, cache: Path) -> Path:
     (dest / "LICENSE-SOURCE").write_bytes(licence or b"")
     (dest / _DONE).write_text("\n".join(sorted(catalogs)) + "\n")
     log.debug("extracted %d catalogs from %s", len(catalogs), archive.name)
+    return dest
+
+
+def extract_files(archive: Path, package: str, cache: Path, wanted: Callable[[str], bool]) -> Path:
+    """Extract the members `wanted` of a .deb (and its licence text) into `cache/<archive stem>/files/`; cached."""
+    dest = cache / archive.name.removesuffix(".deb")
+    if (dest / _DONE).exists():
+        return dest
+    if archive.suffix != ".deb":
+        raise ExtractError(f"{archive.name}: only Debian packages are read for this group")
+    shutil.rmtree(dest, ignore_errors=True)
+    members, licence = _deb_members(archive, package, wanted)
+    for name, data in members.items():
+        target = dest / "files" / _safe_relpath(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "LICENSE-SOURCE").write_bytes(licence or b"")
+    (dest / _DONE).write_text("\n".join(sorted(members)) + "\n")
     return dest
 
 

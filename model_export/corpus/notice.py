@@ -56,13 +56,21 @@ def wheel_licence(metadata: str) -> str:
     return debian_licence(text) if "\n" in text else text  # a whole licence text: name it from its wording
 
 
-def notice_text(rows: list[tuple[str, str, str, str]]) -> str:
-    """The NOTICE body: one `name version (kind): licence` line per source archive."""
-    lines = [
-        "Training data of the default EN->FR model: translation pairs taken from the French gettext catalogs",
-        "of the following packages (Debian bookworm binary packages and PyPI wheels). Their full copyright",
-        "texts are in licenses/ beside this file.",
-        "",
-    ]
+def notice_text(rows: list[tuple[str, str, str, str]], gettext_only: bool = True) -> str:
+    """The NOTICE body: one `name version (kind): licence` line per source archive; the opening names what was
+    read of them (gettext catalogs only, or also dictionaries and documentation)."""
+    if gettext_only:
+        lines = [
+            "Training data of the default EN->FR model: translation pairs taken from the French gettext catalogs",
+            "of the following packages (Debian bookworm binary packages and PyPI wheels). Their full copyright",
+            "texts are in licenses/ beside this file.",
+        ]
+    else:
+        lines = [
+            "EN->FR training data: translation pairs taken from the French gettext catalogs, dictionaries and",
+            "documentation built in both languages of the following packages (Debian bookworm binary packages",
+            "and PyPI wheels). Their full copyright texts are in licenses/ beside this file.",
+        ]
+    lines.append("")
     lines += [f"{name} {version} ({kind}): {licence}" for name, version, kind, licence in rows]
     return "\n".join(lines) + "\n"

@@ -1,18 +1,22 @@
-"""Reads the pinned source list (`packages.txt`): debs as `name=version`, wheels as `name==version`.
+"""Reads the pinned source list (`packages.txt`): debs as `name=version`, wheels as `name==version`, in groups.
 
-A `# [group] description` comment starts a group; knows nothing of downloading.
+A `# [group attribute...] description` comment starts a group; its attributes say whether the default build takes
+it, how its pairs are read and held out. Knows nothing of downloading.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from model_export.corpus import CorpusError
 
 DEFAULT_PINS = Path(__file__).with_name("packages.txt")
-_GROUP_RE = re.compile(r"^#\s*\[([\w-]+)\]")
+READERS = ("gettext", "freedict", "pages")
+HOLDOUTS = ("pairs", "documents", "none")
+_GROUP_RE = re.compile(r"^#\s*\[([\w-]+)((?:\s+[\w-]+(?:=[\w.-]+)?)*)\s*\]")
 _PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.+_-]*)(==?)(\S+)$")
 
 
@@ -26,15 +30,54 @@ class Pin:
     group: str
 
 
-def parse_pins(text: str) -> list[Pin]:
-    """Pins in file order; a line that is neither a pin, a comment nor blank is an error."""
+@dataclass(frozen=True)
+class Group:
+    """How a group's archives are read, held out and weighed.
+
+    `extra`: only built when asked for by name (`--groups`); the default build is the other groups.
+    `reader`: gettext catalogs, a FreeDict dictionary, or documentation pages built in both languages.
+    `holdout`: `pairs` feed the dev/test splits, `documents` whole catalogs or pages the general-domain dev/test
+    splits, `none` training only.
+    `cap`: at most this many of the group's pairs, drawn with the seed (only for `documents` and `none`, whose
+    pairs are added after the dev/test of the others are drawn).
+    """
+
+    name: str
+    extra: bool = False
+    reader: str = "gettext"
+    holdout: str = "pairs"
+    cap: int | None = None
+
+
+def parse_group(name: str, attributes: str, number: int) -> Group:
+    """A group from its header's attributes (`extra`, `reader=...`, `holdout=...`, `cap=N`)."""
+    values: dict[str, str] = {}
+    for attribute in attributes.split():
+        key, _, value = attribute.partition("=")
+        values[key] = value
+    unknown = set(values) - {"extra", "reader", "holdout", "cap"}
+    reader, holdout, cap = values.get("reader", "gettext"), values.get("holdout", "pairs"), values.get("cap")
+    bad_cap = cap is not None and (not cap.isdigit() or holdout == "pairs")
+    if unknown or reader not in READERS or holdout not in HOLDOUTS or bad_cap:
+        raise CorpusError(
+            f"packages list line {number}: group [{name}] has bad attributes {attributes.strip()!r} (known: extra, "
+            f"reader={'|'.join(READERS)}, holdout={'|'.join(HOLDOUTS)}, cap=N with holdout documents|none)"
+        )
+    return Group(name, "extra" in values, reader, holdout, int(cap) if cap else None)
+
+
+def parse_recipe(text: str) -> tuple[list[Pin], dict[str, Group]]:
+    """Pins in file order and the groups they belong to; a line that is neither a pin, a comment nor blank is
+    an error."""
     pins: list[Pin] = []
+    groups: dict[str, Group] = {}
     group = "other"
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         group_match = _GROUP_RE.match(line)
         if group_match:
             group = group_match.group(1)
+            groups[group] = parse_group(group, group_match.group(2), number)
         if not line or line.startswith("#"):
             continue
         match = _PIN_RE.match(line)
@@ -43,13 +86,26 @@ def parse_pins(text: str) -> list[Pin]:
                 f"packages list line {number}: expected name=version or name==version, got {line!r}"
             )
         name, sign, version = match.groups()
+        groups.setdefault(group, Group(group))
         pins.append(Pin("wheel" if sign == "==" else "deb", name, version, group))
-    return pins
+    return pins, groups
 
 
-def load_pins(path: Path = DEFAULT_PINS) -> list[Pin]:
+def select_groups(groups: dict[str, Group], wanted: Sequence[str] | None) -> dict[str, Group]:
+    """The groups to build: the non-extra ones when `wanted` is None, every one for `all`, else those named."""
+    if wanted is None:
+        return {name: g for name, g in groups.items() if not g.extra}
+    if list(wanted) == ["all"]:
+        return dict(groups)
+    unknown = [name for name in wanted if name not in groups]
+    if unknown:
+        raise CorpusError(f"unknown group(s) {', '.join(unknown)}; the packages list has {', '.join(groups)}")
+    return {name: groups[name] for name in groups if name in wanted}
+
+
+def load_recipe(path: Path = DEFAULT_PINS) -> tuple[list[Pin], dict[str, Group]]:
     """Parse a packages list file."""
     try:
-        return parse_pins(path.read_text(encoding="utf-8"))
+        return parse_recipe(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise CorpusError(f"cannot read packages list {path}: {exc.strerror}") from exc

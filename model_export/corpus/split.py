@@ -1,6 +1,7 @@
-"""Deduplicates clean pairs and holds out dev/test, leak-free by normalised source, spread across packages.
+"""Deduplicates clean pairs and holds out dev/test, leak-free by normalised source: sentences spread across
+packages, or whole documents for the general-domain splits.
 
-Knows only (source, target, package) triples; nothing of catalogs, archives or cleaning rules.
+Knows only (source, target, package, document) records; nothing of catalogs, archives or cleaning rules.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from model_export.corpus.clean import normalised_key
@@ -18,26 +19,36 @@ MAX_PACKAGE_SHARE = 0.2
 
 @dataclass(frozen=True)
 class Pair:
-    """A clean parallel segment and the package it came from."""
+    """A clean parallel segment, the package it came from and the document (catalog) inside it."""
 
     source: str
     target: str
     package: str
+    document: str = ""
 
 
 def deduplicate(pairs: Iterable[Pair]) -> list[Pair]:
     """One pair per source: its most frequent translation (ties: first seen), from its first package."""
     counts: dict[str, dict[str, int]] = {}
-    origin: dict[tuple[str, str], str] = {}
+    origin: dict[tuple[str, str], Pair] = {}
     for pair in pairs:
         targets = counts.setdefault(pair.source, {})
         targets[pair.target] = targets.get(pair.target, 0) + 1
-        origin.setdefault((pair.source, pair.target), pair.package)
+        origin.setdefault((pair.source, pair.target), pair)
     kept = []
     for source, targets in counts.items():
         best = max(targets, key=lambda t: targets[t])  # max() keeps the first of equal counts
-        kept.append(Pair(source, best, origin[(source, best)]))
+        kept.append(origin[(source, best)])
     return kept
+
+
+def cap_pairs(pairs: list[Pair], packages: set[str], cap: int, seed: int) -> list[Pair]:
+    """At most `cap` of the pairs from `packages`, drawn with the seed; other pairs kept; order kept."""
+    capped = [i for i, p in enumerate(pairs) if p.package in packages]
+    if len(capped) <= cap:
+        return pairs
+    dropped = set(capped) - set(random.Random(seed).sample(capped, cap))
+    return [p for i, p in enumerate(pairs) if i not in dropped]
 
 
 def group_by_key(pairs: list[Pair]) -> dict[str, list[int]]:
@@ -105,3 +116,78 @@ def split_pairs(pairs: list[Pair], dev_size: int, test_size: int, seed: int) -> 
         "dev": [pairs[i] for i in dev],
         "test": [pairs[i] for i in test],
     }
+
+
+def _document_queues(
+    pairs: list[Pair], eligible: set[str], seed: int
+) -> tuple[dict[str, list[tuple[str, str]]], dict[tuple[str, str], int]]:
+    """Each eligible package's (package, document) keys, shuffled with the seed; and every document's size."""
+    sizes: dict[tuple[str, str], int] = defaultdict(int)
+    for pair in pairs:
+        if pair.package in eligible:
+            sizes[(pair.package, pair.document)] += 1
+    queues: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for document in sorted(sizes):
+        queues[document[0]].append(document)
+    rng = random.Random(seed)
+    for package in sorted(queues):
+        rng.shuffle(queues[package])
+    return dict(sorted(queues.items())), dict(sizes)
+
+
+def _choose_documents(
+    queues: dict[str, list[tuple[str, str]]], sizes: dict[tuple[str, str], int], size: int
+) -> set[tuple[str, str]]:
+    """Whole documents, one per package per round, each the next in its queue that fits both the package's quota
+    (sqrt-proportional, as for pairs) and `size`; then rounds without quotas, until nothing more fits."""
+    package_sizes = {p: sum(sizes[d] for d in docs) for p, docs in queues.items()}
+    got = dict.fromkeys(queues, 0)
+    chosen: set[tuple[str, str]] = set()
+    for limit in (quotas(package_sizes, size), package_sizes):
+        progress = True
+        while progress:
+            progress = False
+            for package, docs in queues.items():
+                room = min(size - sum(got.values()), limit[package] - got[package])
+                fitting = next((d for d in docs if sizes[d] <= room), None)
+                if fitting is not None:
+                    docs.remove(fitting)
+                    chosen.add(fitting)
+                    got[package] += sizes[fitting]
+                    progress = True
+    return chosen
+
+
+def shares(total: int, parts: int) -> list[int]:
+    """`total` cut into `parts` near-equal whole shares, the larger first."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def take_documents(
+    pairs: list[Pair], eligible: Sequence[set[str]], size: int, seed: int
+) -> tuple[list[Pair], list[Pair]]:
+    """(held, rest): at most `size` pairs of whole documents, an equal share from each set of eligible packages (a
+    group), spread across its packages; from the rest also every pair whose normalised source a held-out pair has."""
+    chosen: set[tuple[str, str]] = set()
+    for packages, share in zip(eligible, shares(size, len(eligible)), strict=True):
+        chosen |= _choose_documents(*_document_queues(pairs, packages, seed), share)
+    held = [p for p in pairs if (p.package, p.document) in chosen]
+    rest = without_keys([p for p in pairs if (p.package, p.document) not in chosen], held)
+    return held, rest
+
+
+def split_general(
+    pairs: list[Pair], eligible: Sequence[set[str]], dev_size: int, test_size: int, seed: int
+) -> tuple[dict[str, list[Pair]], list[Pair]]:
+    """The general-domain `test.general` and `dev.general` splits, of whole documents of the eligible packages (one
+    set per group, each group an equal share), and the pairs left for the other splits (none sharing a normalised
+    source with a held-out pair)."""
+    test, rest = take_documents(pairs, eligible, test_size, seed)
+    dev, rest = take_documents(rest, eligible, dev_size, seed + 1)
+    return {"dev.general": dev, "test.general": test}, rest
+
+
+def without_keys(pairs: list[Pair], held: Iterable[Pair]) -> list[Pair]:
+    """The pairs whose normalised source no `held` pair has."""
+    keys = {normalised_key(p.source) for p in held}
+    return [p for p in pairs if normalised_key(p.source) not in keys]

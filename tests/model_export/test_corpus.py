@@ -1,10 +1,12 @@
-"""Tests of the EN→FR corpus builder: catalog extraction, each cleaning rule, dedup and leak-free, seeded splits.
+"""Tests of the EN→FR corpus builder: catalog extraction, each cleaning rule, dedup and leak-free, seeded splits,
+groups of the packages list, document-level hold-out, the FreeDict and XHTML documentation readers.
 
 No network: catalogs are built with polib at test time and packed into a zip (a wheel) or a real .deb.
 """
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import subprocess
 import zipfile
@@ -17,11 +19,22 @@ import sentencepiece as spm
 from model_export.corpus import CorpusError, clean
 from model_export.corpus.__main__ import main
 from model_export.corpus.build import BuildOptions, build
+from model_export.corpus.dictionary import dictd_number, entry_pair, read_freedict
+from model_export.corpus.documents import block_pairs, is_document_member, read_documents
 from model_export.corpus.extract import catalog_files, choose_catalogs, extract_archive, path_locale, read_catalog
 from model_export.corpus.fetch import cached_archive, deb_glob
-from model_export.corpus.notice import debian_licence, wheel_licence
-from model_export.corpus.pins import Pin, parse_pins
-from model_export.corpus.split import Pair, deduplicate, group_by_key, split_pairs
+from model_export.corpus.manpages import plain, roff_blocks
+from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
+from model_export.corpus.pins import Group, Pin, parse_recipe, select_groups
+from model_export.corpus.split import (
+    Pair,
+    cap_pairs,
+    deduplicate,
+    group_by_key,
+    shares,
+    split_general,
+    split_pairs,
+)
 from model_export.corpus.tokenizer import pieces_per_sentence
 
 
@@ -282,11 +295,138 @@ def test_group_by_key():
 # --- pins, licences, end to end -------------------------------------------------------------------------
 
 
-def test_parse_pins():
-    pins = parse_pins("# intro\n\n# [ui] user interface\ncoreutils=9.1-1\n# [wheels] x\nDjango==5.2\n")
+def test_parse_recipe():
+    pins, groups = parse_recipe("# intro\n\n# [ui] user interface\ncoreutils=9.1-1\n# [wheels] x\nDjango==5.2\n")
     assert pins == [Pin("deb", "coreutils", "9.1-1", "ui"), Pin("wheel", "Django", "5.2", "wheels")]
+    assert groups == {"ui": Group("ui"), "wheels": Group("wheels")}
     with pytest.raises(CorpusError, match="line 1"):
-        parse_pins("coreutils 9.1\n")
+        parse_recipe("coreutils 9.1\n")
+
+
+RECIPE = (
+    "# [ui] interface\ncoreutils=9.1-1\n"
+    "# [games extra holdout=documents] story\nwesnoth-data=1.16\n"
+    "# [dictionary extra reader=freedict holdout=none cap=50] words\ndict-eng-fra=1\n"
+)
+
+
+def test_group_attributes_and_selection():
+    pins, groups = parse_recipe(RECIPE)
+    assert groups["games"] == Group("games", extra=True, holdout="documents")
+    assert groups["dictionary"] == Group("dictionary", True, "freedict", "none", 50)
+    assert list(select_groups(groups, None)) == ["ui"]
+    assert list(select_groups(groups, ["all"])) == ["ui", "games", "dictionary"]
+    assert list(select_groups(groups, ["dictionary", "ui"])) == ["ui", "dictionary"]
+    with pytest.raises(CorpusError, match="unknown group.*nope.*ui, games, dictionary"):
+        select_groups(groups, ["nope"])
+
+
+@pytest.mark.parametrize(
+    "header", ["[g reader=po]", "[g holdout=files]", "[g cap=x holdout=none]", "[g cap=5]", "[g x]"]
+)
+def test_bad_group_attributes(header):
+    with pytest.raises(CorpusError, match="line 1: group \\[g\\] has bad attributes"):
+        parse_recipe(f"# {header} text\na=1\n")
+
+
+# --- document-level hold-out, caps ----------------------------------------------------------------------
+
+
+def documents_corpus() -> list[Pair]:
+    """Three packages of four documents each, ten pairs a document; document d0 of p0 repeats a p1 source."""
+    pairs = [
+        Pair(f"Line {i} of {d} in {p}", f"Ligne {i} de {d} dans {p}", p, d)
+        for p in ("p0", "p1", "p2")
+        for d in ("d0", "d1", "d2", "d3")
+        for i in range(10)
+    ]
+    return pairs + [Pair("Line 0 of d0 in p1!", "Ligne 0 de d0 dans p1 !", "p0", "d0")]
+
+
+def test_general_splits_hold_out_whole_documents():
+    pairs = documents_corpus()
+    general, rest = split_general(pairs, [{"p0", "p1"}], dev_size=25, test_size=30, seed=3)
+    held = {name: {(p.package, p.document) for p in part} for name, part in general.items()}
+    assert len(general["test.general"]) <= 30 and len(general["dev.general"]) <= 25
+    assert len(held["test.general"]) >= 2 and len(held["dev.general"]) >= 2
+    assert not held["test.general"] & held["dev.general"]
+    assert all({p.package for p in part} == {"p0", "p1"} for part in general.values())  # spread across packages
+    for document in held["test.general"] | held["dev.general"]:  # whole: every pair of it held out, none in rest
+        assert not any((p.package, p.document) == document for p in rest)
+    keys = {clean.normalised_key(p.source) for part in general.values() for p in part}
+    assert not keys & {clean.normalised_key(p.source) for p in rest}
+    assert sum(p.package == "p2" for p in rest) == 40
+
+
+def test_general_splits_are_deterministic():
+    pairs = documents_corpus()
+    assert split_general(pairs, [{"p0", "p1"}], 20, 20, seed=4) == split_general(list(pairs), [{"p0", "p1"}], 20, 20, 4)
+    tests = {tuple(split_general(pairs, [{"p0", "p1"}], 20, 20, seed)[0]["test.general"]) for seed in range(6)}
+    assert len(tests) > 1
+
+
+def test_general_splits_give_each_group_an_equal_share():
+    general, _ = split_general(documents_corpus(), [{"p0"}, {"p1", "p2"}], dev_size=20, test_size=41, seed=1)
+    test = general["test.general"]
+    assert sum(p.package == "p0" for p in test) == 21 and sum(p.package != "p0" for p in test) == 20
+    assert shares(41, 2) == [21, 20] and shares(3, 3) == [1, 1, 1]
+
+
+def test_cap_pairs_is_seeded_and_keeps_others():
+    pairs = [Pair(f"w{i}", f"m{i}", "dict" if i % 2 else "ui") for i in range(40)]
+    capped = cap_pairs(pairs, {"dict"}, 5, seed=1)
+    assert sum(p.package == "dict" for p in capped) == 5 and sum(p.package == "ui" for p in capped) == 20
+    assert capped == cap_pairs(pairs, {"dict"}, 5, seed=1) and capped == sorted(capped, key=pairs.index)
+    assert cap_pairs(pairs, {"dict"}, 50, seed=1) == pairs
+
+
+# --- FreeDict -------------------------------------------------------------------------------------------
+
+
+def dictd_encode(value: int) -> str:
+    digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    text = ""
+    while True:
+        value, digit = divmod(value, 64)
+        text = digits[digit] + text
+        if not value:
+            return text
+
+
+def make_dictd(folder: Path, entries: dict[str, str]) -> None:
+    """A dictd dictionary (`x.index` and `x.dict.dz`) with a 00database header entry and the given entries."""
+    body, index = b"", []
+    for headword, text in {"00databaseinfo": "header\n", **entries}.items():
+        data = text.encode()
+        index.append(f"{headword}\t{dictd_encode(len(body))}\t{dictd_encode(len(data))}")
+        body += data
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "x.index").write_text("\n".join(sorted(index)) + "\n", encoding="utf-8")
+    (folder / "x.dict.dz").write_bytes(gzip.compress(body))
+
+
+def test_dictd_number():
+    assert dictd_number("A") == 0 and dictd_number("b") == 27 and dictd_number("BA") == 64
+    assert all(dictd_number(dictd_encode(n)) == n for n in (0, 63, 64, 4095, 123456))
+
+
+@pytest.mark.parametrize(
+    ("entry", "pair"),
+    [
+        ("house /haus/\nmaison\n", ("house", "maison")),
+        ("look /luk/\n1. avoir l'air de, paraître\n2. air, allure\n", ("look", "avoir l'air de")),
+        ("bank /bæŋk/\nrive (de rivière); banque\n", ("bank", "rive")),
+        ("alone /əloun/\n", None),
+    ],
+)
+def test_entry_pair(entry, pair):
+    assert entry_pair(entry) == pair
+
+
+def test_read_freedict(tmp_path):
+    make_dictd(tmp_path / "usr/share/dictd", {"house": "house /haus/\nmaison\n", "cat": "cat /kæt/\nchat\n"})
+    pairs = [(p.source, p.target, p.catalog) for p in read_freedict(tmp_path, "dict")]
+    assert pairs == [("cat", "chat", "x"), ("house", "maison", "x")]
 
 
 def test_licences():
@@ -312,11 +452,219 @@ def test_build_end_to_end_offline(tmp_path):
     assert "pkg 1.0 (wheel): BSD-3-Clause" in (out / "NOTICE").read_text()
 
 
+# --- documentation built in both languages -------------------------------------------------------------
+
+
+def xhtml_page(path: Path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><head><title>t</title>'
+        f"</head><body>{body}</body></html>\n",
+        encoding="utf-8",
+    )
+
+
+def test_read_documents_aligns_blocks_and_skips_unaligned_pages(tmp_path):
+    html = tmp_path / "usr/share/doc/book/html"
+    xhtml_page(
+        html / "en-US/apt.html",
+        '<h2>Using APT</h2><div class="para">APT installs <code>packages</code>. It resolves dependencies.</div>'
+        "<ul><li><p>One item</p></li></ul>",
+    )
+    xhtml_page(
+        html / "fr-FR/apt.html",
+        '<h2>Utiliser APT</h2><div class="para">APT installe des <code>paquets</code>. Il résout les '
+        "dépendances.</div><ul><li><p>Un élément</p></li></ul>",
+    )
+    xhtml_page(html / "en-US/gone.html", "<p>One</p><p>Two</p>")
+    xhtml_page(html / "fr-FR/gone.html", "<p>Un et deux</p>")  # block sequences differ: the page is skipped
+    xhtml_page(html / "en-US/lonely.html", "<p>Only English</p>")
+    (html / "fr-FR/html5.html").write_text("<!DOCTYPE html><p>Bonjour&nbsp;!<br></p>")  # HTML, not XML
+    xhtml_page(html / "en-US/html5.html", "<p>Hello!</p>")
+    help_page = '<page xmlns="http://projectmallard.org/1.0/"><info><desc>{}</desc>{}</info><title>{}</title></page>'
+    (tmp_path / "usr/share/help/C/guide").mkdir(parents=True)
+    (tmp_path / "usr/share/help/fr/guide").mkdir(parents=True)
+    (tmp_path / "usr/share/help/C/guide/proxy.page").write_text(help_page.format("Set a proxy.", "", "Proxy"))
+    translator = "<credit><name>Jean</name></credit>"  # the French page credits its translators: no block
+    french = help_page.format("Définir un proxy.", translator, "Mandataire")
+    (tmp_path / "usr/share/help/fr/guide/proxy.page").write_text(french)
+    (tmp_path / "usr/share/help/C/guide/broken.page").write_text(help_page.format("Broken", "", "x"))
+    (tmp_path / "usr/share/help/fr/guide/broken.page").write_text("<page><p>&nbsp;</page>")  # unreadable: skipped
+    pairs = [(p.source, p.target, p.catalog) for p in read_documents(tmp_path, "book")]
+    assert pairs == [
+        ("Using APT", "Utiliser APT", "usr/share/doc/book/html/apt"),
+        ("APT installs packages.", "APT installe des paquets.", "usr/share/doc/book/html/apt"),
+        ("It resolves dependencies.", "Il résout les dépendances.", "usr/share/doc/book/html/apt"),
+        ("One item", "Un élément", "usr/share/doc/book/html/apt"),
+        ("Hello!", "Bonjour !", "usr/share/doc/book/html/html5"),
+        ("Set a proxy.", "Définir un proxy.", "usr/share/help/guide/proxy"),
+        ("Proxy", "Mandataire", "usr/share/help/guide/proxy"),
+    ]
+    assert is_document_member("usr/share/help/fr/guide/proxy.page") and is_document_member("x/html/en-US/a.html")
+    assert not is_document_member("usr/share/help/de/guide/proxy.page")
+
+
+def test_read_documents_finds_the_french_build_in_another_package(tmp_path):
+    english, french = tmp_path / "reference-en", tmp_path / "reference-fr"
+    xhtml_page(english / "usr/share/reference/ch01.en.html", "<h1>Tutorials</h1>")
+    xhtml_page(french / "usr/share/reference/ch01.fr.html", "<h1>Didacticiels</h1>")
+    xhtml_page(english / "usr/share/libreoffice/help/en-US/text/a.html", "<p>Insert a table.</p>")
+    xhtml_page(french / "usr/share/libreoffice/help/fr/text/a.html", "<p>Insérer un tableau.</p>")
+    pairs = [(p.source, p.target, p.catalog) for p in read_documents(english, "ref-en", [french])]
+    assert pairs == [
+        ("Insert a table.", "Insérer un tableau.", "usr/share/libreoffice/help/text/a"),
+        ("Tutorials", "Didacticiels", "usr/share/reference/ch01"),
+    ]
+    assert list(read_documents(french, "ref-fr", [english])) == []
+
+
+def test_block_pairs_split_sentences_only_when_they_match():
+    assert block_pairs("One. Two.", "Un. Deux.") == [("One.", "Un."), ("Two.", "Deux.")]
+    assert block_pairs("One. Two.", "Un et deux.") == [("One. Two.", "Un et deux.")]
+
+
+MAN_EN = r""".\" Copyright the authors
+.TH ARP 7 2022-12-15 "Linux man-pages 6.03"
+.SH NAME
+arp \- Linux ARP kernel module.
+.SH DESCRIPTION
+A process can use
+.BR packet (7)
+sockets.
+.PP
+.TP
+.B app_solicit
+Maximum number of probes.
+.PP
+.nf
+int fd = socket(AF_INET);
+.fi
+.SH "SEE ALSO"
+.BR ip (7)
+"""
+MAN_FR = r"""'\" t
+.TH arp 7 "15 décembre 2022" "Pages du manuel de Linux 6.03"
+.SH NOM
+arp \- Module ARP du noyau Linux
+.SH DESCRIPTION
+Un processus peut utiliser les sockets \fBpacket\fP(7).
+.TP
+\fIapp_solicit\fP
+Nombre maximal de sondes.
+.nf
+int fd = socket(AF_INET);
+.fi
+.SH "VOIR AUSSI"
+\fBip\fP(7)
+.SH TRADUCTION
+La traduction française de cette page a été créée par Jean Dupont
+"""
+
+
+def test_roff_blocks_read_macros_and_escapes_alike():
+    english, french = roff_blocks(MAN_EN), roff_blocks(MAN_FR)
+    assert [kind for kind, _ in english] == [kind for kind, _ in french]  # the TRADUCTION section is left out
+    assert english[3] == ("text", "A process can use packet(7) sockets.")
+    assert french[3] == ("text", "Un processus peut utiliser les sockets packet(7).")
+    assert (english[4], french[4]) == (("TP-tag", "app_solicit"), ("TP-tag", "app_solicit"))
+    assert english[6] == ("verbatim", "") and english[-2:] == [("SH", "SEE ALSO"), ("text", "ip(7)")]
+    assert plain(r"\fBopen\fR(2) \(em a \(lqfile\(rq \e\- x\ y") == "open(2) — a “file” \\- x y"
+
+
+def test_read_documents_pairs_manual_pages(tmp_path):
+    for folder, text in (("usr/share/man/man7", MAN_EN), ("usr/share/man/fr/man7", MAN_FR)):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "arp.7.gz").write_bytes(gzip.compress(text.encode()))
+    pairs = {(p.source, p.target, p.catalog) for p in read_documents(tmp_path, "manpages")}
+    assert ("Linux ARP kernel module.", "Module ARP du noyau Linux", "usr/share/man/man7/arp.7") not in pairs
+    assert ("arp - Linux ARP kernel module.", "arp - Module ARP du noyau Linux", "usr/share/man/man7/arp.7") in pairs
+    assert ("Maximum number of probes.", "Nombre maximal de sondes.", "usr/share/man/man7/arp.7") in pairs
+    assert len(pairs) == 8
+
+
+def catalog_wheel(folder: Path, name: str, catalogs: dict[str, list[tuple[str, str]]]) -> Path:
+    """A wheel holding one French catalog per entry of `catalogs`."""
+    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for stem, entries in catalogs.items():
+            mo = make_mo(folder / name / f"{stem}.mo", [polib.POEntry(msgid=s, msgstr=t) for s, t in entries])
+            archive.write(mo, f"{name}/locale/fr/LC_MESSAGES/{stem}.mo")
+        archive.writestr(f"{name}-1.0.dist-info/METADATA", f"Name: {name}\nLicense-Expression: MIT\n\n")
+    return wheel
+
+
+def test_build_groups_general_splits_and_stable_software_splits(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    ui = [(f"Open file number {i}", f"Ouvrir le fichier numéro {i}") for i in range(30)]
+    shutil.copy(catalog_wheel(tmp_path, "ui", {"ui": ui}), cache / "wheels")
+    story = {f"chapter{c}": [(f"The hero walks {c} {i} miles.", f"Le héros marche {c} {i} milles.") for i in range(8)]
+             for c in range(6)}  # fmt: skip
+    story["chapter0"].append(("Open file number 3", "Ouvrir le fichier 3"))  # a software source, kept in its layer
+    shutil.copy(catalog_wheel(tmp_path, "story", story), cache / "wheels")
+    pins = [Pin("wheel", "ui", "1.0", "ui"), Pin("wheel", "story", "1.0", "games")]
+    groups = {"ui": Group("ui"), "games": Group("games", extra=True, holdout="documents")}
+    options = BuildOptions(tmp_path / "out", cache, dev_size=3, test_size=3, seed=2, general_dev_size=10,
+                           general_test_size=10)  # fmt: skip
+    stats = build(pins, options, groups)
+    out = tmp_path / "out"
+    assert stats["groups"]["games"] == {"train": 32, "dev": 0, "test": 0, "dev.general": 8, "test.general": 8}
+    assert [len(v) for v in stats["general_documents"].values()] == [1, 1]
+    assert len((out / "test.general.en").read_text().splitlines()) == 8
+    assert set((out / "dev.general.origin").read_text().splitlines()) == {"story"}
+    software_only = build(pins[:1], BuildOptions(tmp_path / "sw", cache, 3, 3, 2), groups)
+    for name in ("dev", "test"):
+        assert (out / f"{name}.en").read_text() == (tmp_path / "sw" / f"{name}.en").read_text()
+    assert "general_documents" not in software_only and not (tmp_path / "sw" / "test.general.en").exists()
+    notice = (out / "NOTICE").read_text()
+    assert notice.startswith("Training data of the default EN->FR model") and "story 1.0 (wheel): MIT\n" in notice
+    wide = notice_text([("d", "1", "deb", "GPL-2+")], gettext_only=False)
+    assert "gettext catalogs, dictionaries and\ndocumentation" in wide and wide.endswith("\nd 1 (deb): GPL-2+\n")
+
+
+def make_deb(folder: Path, name: str, files: dict[str, str]) -> Path:
+    """A real .deb of `name` 1.0 holding `files` (path: text) and a DEP-5 copyright file."""
+    root = folder / f"root-{name}"
+    for path, text in {**files, f"usr/share/doc/{name}/copyright": "Files: *\nLicense: GPL-2+\n"}.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text, encoding="utf-8")
+    (root / "DEBIAN").mkdir()
+    (root / "DEBIAN/control").write_text(
+        f"Package: {name}\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@e.org>\nDescription: t\n"
+    )
+    deb = folder / "debs" / f"{name}_1.0_all.deb"
+    deb.parent.mkdir(exist_ok=True)
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_build_pages_whose_french_build_is_another_package(tmp_path):
+    page = '<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body>{}</body></html>'
+    english = {f"usr/share/ref/ch{i}.en.html": page.format(f"<h1>Chapter {i}</h1><p>Read {i}.</p>") for i in range(4)}
+    french = {f"usr/share/ref/ch{i}.fr.html": page.format(f"<h1>Chapitre {i}</h1><p>Lisez {i}.</p>") for i in range(4)}
+    cache = tmp_path / "cache"
+    make_deb(cache, "ref-en", english)
+    make_deb(cache, "ref-fr", french)
+    pins = [Pin("deb", "ref-en", "1.0", "docs"), Pin("deb", "ref-fr", "1.0", "docs")]
+    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1, general_dev_size=2, general_test_size=2)
+    stats = build(pins, options, {"docs": Group("docs", extra=True, reader="pages", holdout="documents")})
+    assert stats["groups"]["docs"] == {"train": 4, "dev": 0, "test": 0, "dev.general": 2, "test.general": 2}
+    assert stats["packages"]["ref-en"]["entries"] == 8 and stats["packages"]["ref-fr"]["entries"] == 0
+    assert stats["general_documents"]["test.general"][0].startswith("ref-en/usr/share/ref/ch")
+    assert "ref-fr 1.0 (deb): GPL-2+" in (tmp_path / "out/NOTICE").read_text()
+    assert (tmp_path / "out/NOTICE").read_text().startswith("EN->FR training data")
+
+
 def test_cli_error_is_one_line(tmp_path, capsys):
     assert main(["build", "--packages", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: cannot read packages list") and err.count("\n") == 1
     assert main(["tokenizer", "--corpus", str(tmp_path)]) == 1
+    capsys.readouterr()
+    (tmp_path / "packages.txt").write_text(RECIPE)
+    assert main(["build", "--packages", str(tmp_path / "packages.txt"), "--groups", "ui,nope"]) == 1
+    assert capsys.readouterr().err == "error: unknown group(s) nope; the packages list has ui, games, dictionary\n"
 
 
 def test_pieces_per_sentence_counts_the_lines_training_reads(spm_model: bytes, tmp_path: Path) -> None:
