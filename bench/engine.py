@@ -82,7 +82,7 @@ class Ours:
 
     def __init__(
         self, folder: Path, variant: str, device: str = "cpu", streams: int = 1, threads: int = THREADS,
-        invariant: bool = True,
+        invariant: bool = True, shortlist: bool = False,
     ) -> None:
         from service.engine.batches import TokenRules
         from service.engine.runtime import OnnxRuntime, SessionSettings
@@ -92,8 +92,10 @@ class Ours:
 
         loaded = load_model_folder(folder, verify_checksums=False)
         providers = ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
-        # the static mode's step graphs; not `invariant`: also the faster ones (MT_BATCH_INVARIANT=false)
-        steps = step_graph_options(loaded, variant, Settings(batching="static", batch_invariant=invariant))
+        # the static mode's step graphs; not `invariant`: also the faster ones (MT_BATCH_INVARIANT=false); `shortlist`:
+        # the shortlist step graph's (MT_SHORTLIST; bench.shortlist)
+        static = Settings(batching="static", batch_invariant=invariant, shortlist=shortlist)
+        steps = step_graph_options(loaded, variant, static)
         settings = SessionSettings(providers, threads, **steps)
         self.runtime = OnnxRuntime(loaded, variant, settings)
         if self.runtime.providers[0] != providers[0]:
@@ -166,6 +168,7 @@ class CTranslate2:
         device: str = "cpu",
         streams: int = 1,
         threads: int = THREADS,
+        use_vmap: bool = False,
     ) -> None:
         import ctranslate2
 
@@ -174,6 +177,7 @@ class CTranslate2:
         )
         self.pieces, self.ids = pieces, {p: i for i, p in enumerate(pieces)}
         self.streams = streams
+        self.use_vmap = use_vmap  # its model folder's vmap.txt: the batch's candidates only (bench.shortlist)
 
     def translate(self, sources: list[list[int]], beam: int, batch: int, forced: int | None) -> list[list[int]]:
         tokens = [[self.pieces[i] for i in s] for s in sources]
@@ -184,6 +188,7 @@ class CTranslate2:
             beam_size=beam,
             max_decoding_length=forced or 256,
             length_penalty=1.0,
+            use_vmap=self.use_vmap,
             **extra,
         )
         return [[self.ids[p] for p in r.hypotheses[0]] for r in results]

@@ -155,6 +155,51 @@ def cmd_half(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_shortlist(args: argparse.Namespace) -> int:
+    from model_export import shortlist
+
+    if args.vmap:
+        lists = shortlist.vmap_of_folder(args.model_dir, args.vmap)
+        how = {"vmap": str(args.vmap)}
+    else:
+        lists = shortlist.learn_from_corpus(
+            args.model_dir, args.corpus, args.per_source, args.always, args.min_count, args.limit
+        )
+        how = {"corpus": str(args.corpus), "per_source": args.per_source, "always": args.always,
+               "min_count": args.min_count, "limit": args.limit}
+    how["candidates"] = args.candidates
+    shortlist.add_shortlist(args.model_dir, lists, args.candidates, how)
+    if args.write_vmap:
+        folder = shortlist.load_model_folder(args.model_dir)
+        source, target = shortlist.pieces_of(folder, "source"), shortlist.pieces_of(folder, "target")
+        shortlist.write_vmap(lists, source, target, args.write_vmap)
+    print(f"added a shortlist of {args.candidates} candidates per sentence to {args.model_dir} "
+          f"({len(lists.always)} always, {len(lists.targets)} source-target pairs)")
+    return 0
+
+
+def _add_shortlist(sub: argparse._SubParsersAction) -> None:
+    from service.model import SHORTLIST_FEWEST
+
+    shortlist = sub.add_parser(
+        "shortlist", help="add a vocabulary shortlist (and its step graphs) to a model folder: learned or a vmap.txt"
+    )
+    shortlist.add_argument("--model-dir", type=Path, required=True)
+    source = shortlist.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", type=Path, help="learn it from this corpus's training split (train.<lang>)")
+    source.add_argument("--vmap", type=Path, help="import a CTranslate2 vocabulary map (one-token rules)")
+    shortlist.add_argument(
+        "--candidates", type=int_between(SHORTLIST_FEWEST, 2**20), default=512,
+        help="candidates per sentence, C (default 512)",
+    )
+    shortlist.add_argument("--always", type=non_negative_int, default=200, help="most frequent targets in every set")
+    shortlist.add_argument("--per-source", type=positive_int, default=30, help="targets kept per source token")
+    shortlist.add_argument("--min-count", type=positive_int, default=2, help="sentence pairs a pair needs, at least")
+    shortlist.add_argument("--limit", type=positive_int, help="learn from the first N pairs only")
+    shortlist.add_argument("--write-vmap", type=Path, help="also write the shortlist as a CTranslate2 vmap.txt")
+    shortlist.set_defaults(run=cmd_shortlist)
+
+
 def cmd_letters(args: argparse.Namespace) -> int:
     from model_export.letters import add_rare_letters
 
@@ -354,6 +399,7 @@ def parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_evaluate_and_quantize(sub)
     _add_letters(sub)
+    _add_shortlist(sub)
     _add_marian(sub)
     _add_card(sub)
     _add_ctranslate2(sub)

@@ -108,6 +108,7 @@ def fp32_copy(folder_path: Path, precision: str, verb: str) -> tuple[ModelFolder
     manifest = json.loads((folder_path / MANIFEST).read_text(encoding="utf-8"))
     variant = json.loads(folder.manifest.variants["fp32"].model_dump_json())
     variant["precision"] = precision
+    variant.pop("decoder_step_shortlist", None)  # `shortlist` writes each variant's from that variant's step graph
     for file in variant_files(variant):
         check_graph(folder.file(file))
     return folder, manifest, variant

@@ -33,14 +33,16 @@ def _np(t: torch.Tensor) -> np.ndarray:
 class GraphBuilder:
     """A thin recorder of ONNX nodes and initializers with generated, readable value names."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
+        """`prefix`: of every generated name (nodes added to a graph that has its own generated names)."""
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._count = 0
+        self._prefix = prefix
 
     def _fresh(self, hint: str) -> str:
         self._count += 1
-        return f"{hint}_{self._count}"
+        return f"{self._prefix}{hint}_{self._count}"
 
     def const(self, name: str, value: np.ndarray) -> str:
         self.initializers.append(numpy_helper.from_array(np.array(value, order="C"), name))
@@ -334,14 +336,14 @@ def _top_k(g: GraphBuilder, logits: str, vocab: int, ids: str) -> str:
     return top
 
 
-def _distribution(g: GraphBuilder, logits: str, vocab: int) -> None:
-    """The step's outputs from its logits (B, V): `top_ids`, each row's `top_k` best tokens, best first (the banned
-    ids among them; `_top_k`, over the logits, whose order is the log-probs'), and `log_probs` with their
+def distribution(g: GraphBuilder, logits: str, vocab: int, ids: str = "top_ids") -> None:
+    """The step's outputs from its logits (B, V): `ids` (`top_ids`), the places of each row's `top_k` best tokens
+    along V, best first (the banned ids among them; `_top_k`, over the logits, whose order is the log-probs'), and
+    `log_probs` with their
     `top_log_probs` only when the `log_softmax` input is True (format 8): otherwise `top_log_probs` are the logits
     and log_probs is (B, 0). A greedy row needs only its best token unless its request asked for a score; the
     log-softmax writes all B x V values (at (32, 59514) ~0.75 ms, the If ~1.5 us; ONNX Runtime's ReduceLogSumExp
     is 5x slower than LogSoftmax)."""
-    ids = "top_ids"
     top_logits = _top_k(g, logits, vocab, ids)  # (B, top_k) each
     kinds = [TensorProto.FLOAT, TensorProto.FLOAT]
     normalised = _branch(
@@ -396,7 +398,7 @@ def build_decoder_step(model: Transformer, ragged: bool = False) -> onnx.ModelPr
         x = g.layer_norm(x, model.decoder.norm, "decoder.norm")  # (B, D)
     generator = model.generator
     logits = g.linear(x, generator.proj.weight, generator.logits_bias, "generator")  # (B, V)
-    _distribution(g, logits, cfg.tgt_vocab_size)
+    distribution(g, logits, cfg.tgt_vocab_size)
     if ragged:
         return g.model("decoder_step_ragged", graph_io.decoder_inputs(cfg), graph_io.decoder_ragged_outputs(cfg))
     return g.model("decoder_step", graph_io.decoder_inputs(cfg), graph_io.decoder_outputs(cfg))

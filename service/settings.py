@@ -163,6 +163,13 @@ class Settings(BaseSettings):
         "is refused. false: also run the folder's faster graphs for some batches (the ragged, one-row and dense "
         "step graphs), whose numbers differ from the step graph's, so a translation can change with its company",
     )
+    shortlist: bool = Field(
+        False,
+        description="score each sentence's candidate target tokens only (the model folder's vocabulary shortlist: "
+        "`python -m model_export shortlist --model-dir models/en-fr --corpus data/corpus`), not the whole "
+        "vocabulary: faster steps on a large vocabulary; scores and alternatives are over the candidates, and a "
+        "sentence's candidates depend on its source alone",
+    )
     max_batch_rows: int = Field(64, ge=1, description="rows (sentences x beams) in one decoder step")
     max_batch_tokens: int = Field(
         16384, ge=1, description="sum over running rows of source length + maximum output length"

@@ -287,6 +287,8 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         # a sentence's output does not depend on what shares its batch (MT_BATCH_INVARIANT, format 12)
         "batch_invariant": settings.batch_invariant and translator.folder.variant(translator.variant).batch_invariant,
         "weight_bits": translator.folder.variant(translator.variant).weight_bits,  # int8 products' (format 11)
+        # each sentence's steps score its shortlist's candidates only (MT_SHORTLIST), that many
+        "shortlist": manifest.shortlist.candidates if settings.shortlist and manifest.shortlist else None,
         "warnings": translator.warnings,  # what to change for it to run as measured (translator.weight_bits_warnings)
         "config": manifest.config.model_dump(),
         "provenance": manifest.provenance,

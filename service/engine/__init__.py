@@ -13,6 +13,7 @@ from service.engine.decoding import (
 )
 from service.engine.kv_cache import DecoderCache
 from service.engine.runtime import OnnxRuntime, SessionSettings
+from service.engine.shortlist import Shortlist, check_arrays, load_shortlist
 
 __all__ = [
     "BEAM_SIZE_LIMIT",
@@ -23,8 +24,11 @@ __all__ = [
     "OnnxRuntime",
     "SearchOptions",
     "SessionSettings",
+    "Shortlist",
     "TokenRules",
+    "check_arrays",
     "decode_batch",
     "decode_batches",
+    "load_shortlist",
     "output_cap",
 ]

@@ -158,7 +158,7 @@ def decode_batch(
     src_ids, src_mask = pad_batch(sources, rules.pad_id)
     memory = runtime.encode(src_ids, src_mask)  # keys and values (L, b, H, S, Dh)
     cache = runtime.new_cache()
-    cache.add(memory.keys, memory.values, src_mask, owned=True)  # its buffers: the memory's own arrays
+    cache.add(memory.keys, memory.values, src_mask, owned=True, candidates=memory.candidates)  # the memory's arrays
     cache.most_steps = max(o.max_new_tokens for o in options)  # its time axis grows no further
     del memory  # the cache holds it (or its own copy)
     searches = [new_search(rules.decoder_start_id, rules.eos_id, o) for o in options]

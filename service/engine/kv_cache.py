@@ -118,6 +118,7 @@ class DecoderCache:
         self.lengths = np.zeros(0, np.int64)  # (B,) steps cached per row = the position of its next token
         self.sentence = np.zeros(0, np.int64)  # (B,) each row's sentence: its index in the cross buffers
         self.src_mask = np.zeros((0, 1), np.bool_)  # (N, S) per sentence
+        self.candidates = np.zeros((0, 0), np.int64)  # (N, C) per sentence: its shortlist's candidates (or C = 0)
         self._groups: tuple[np.ndarray, np.ndarray] | None = None  # sentence_rows, row_slots of these rows
         self._in_order = True  # row i is sentence i's one row (greedy rows; any search's first step): see refill
         self._vacant = np.zeros(0, np.int64)  # places refill left for joining sentences, which `add` fills first
@@ -171,7 +172,8 @@ class DecoderCache:
         return self._groups
 
     def add(
-        self, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray, owned: bool = False
+        self, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray, owned: bool = False,
+        candidates: np.ndarray | None = None,
     ) -> np.ndarray:
         """New sentences with one row each and no steps yet: cross_keys and cross_values (L, b, H, S', Dh),
         src_mask (b, S'). They take the places `refill` left for them first, then join at the end. Returns the
@@ -179,7 +181,8 @@ class DecoderCache:
         arrays a step is given stay the same (lengths and src_mask changed in place), and so does its binding.
         `owned`: the caller hands the arrays over and reads or writes them no more (an encoder pass's memory): into a
         cache without sentences nor room for them, host arrays of its dtype whose layers are contiguous are then
-        taken as its buffers, not copied into new ones (`adopts`: a static batch's)."""
+        taken as its buffers, not copied into new ones (`adopts`: a static batch's). `candidates` (b, C): each new
+        sentence's shortlist candidates, which move with its source (C = 0 without a shortlist)."""
         adopted = owned and src_mask.shape[1] >= self.src_mask.shape[1] and self.adopts(cross_keys, cross_values)
         b, width, first = src_mask.shape[0], max(self.src_mask.shape[1], src_mask.shape[1]), self.sentences
         places, self._vacant = self._vacant[:b], self._vacant[b:]  # (v,) left for them, (the rest) for later ones
@@ -207,7 +210,12 @@ class DecoderCache:
         self.src_mask = widen_mask(self.src_mask, width)  # (N, S) itself when no wider
         self.src_mask[places] = mask[: places.size]
         self.lengths[places] = 0
+        if candidates is not None and candidates.shape[1] != self.candidates.shape[1]:
+            self.candidates = np.zeros((first, candidates.shape[1]), np.int64)  # (N, C): the runtime's first
+        new = np.zeros((b, self.candidates.shape[1]), np.int64) if candidates is None else candidates  # (b, C)
+        self.candidates[places] = new[: places.size]
         if appended:
+            self.candidates = np.concatenate([self.candidates, new[places.size :]], axis=0)  # (N + a, C)
             self.src_mask = np.concatenate([self.src_mask, mask[places.size :]], axis=0)  # (N + a, S)
             self.lengths = np.concatenate([self.lengths, np.zeros(appended, np.int64)])  # (B + a,)
             self.sentence = np.concatenate([self.sentence, np.arange(first, first + appended)])  # (B + a,)
@@ -331,6 +339,7 @@ class DecoderCache:
         parents = self.sentence[moved]  # (m,) where their sources are: a permutation of the same places
         self._copy_rows(("cross_keys", "cross_values"), moved, parents, self.src_mask.shape[1])  # reads all first
         self.src_mask = self.src_mask[self.sentence]  # (N, S) row i's
+        self.candidates = self.candidates[self.sentence]  # (N, C) row i's
         self.sentence = np.arange(self.rows)  # (B,)
 
     def _relayout(self, layout: np.ndarray, moved: np.ndarray, parents: np.ndarray, vacant: np.ndarray) -> None:
@@ -357,6 +366,7 @@ class DecoderCache:
             lengths, src_mask = self.lengths[layout], self.src_mask[layout]  # (B',), (N', S)
             lengths[vacant], src_mask[vacant] = 0, False
             self.lengths, self.src_mask, self.sentence = lengths, src_mask, np.arange(count)
+            self.candidates = self.candidates[layout]  # (N', C); an open place's until add fills it
             self._groups = None
         self._vacant = vacant
         if not vacant.size:
@@ -376,6 +386,8 @@ class DecoderCache:
         self._copy_rows(("cross_keys", "cross_values"), holes, movers, int(used[-1]) + 1 if used.size else 0)
         self.src_mask[holes] = self.src_mask[movers]  # (m, S)
         self.src_mask = self.src_mask[:kept]  # (N', S) contiguous: the first rows of a C-order array
+        self.candidates[holes] = self.candidates[movers]  # (m, C)
+        self.candidates = self.candidates[:kept]  # (N', C)
         renamed = np.arange(len(live))  # (N,)
         renamed[movers] = holes
         self.sentence = renamed[self.sentence]  # (B,)

@@ -23,6 +23,7 @@ import numpy as np
 
 from service.engine.decoding import rows_per_sentence
 from service.engine.kv_cache import DecoderCache
+from service.engine.shortlist import Shortlist, load_shortlist
 from service.errors import ModelFolderError
 from service.model.folder import GRAPHS, GraphSpec, ModelFolder, VariantSpec, check_graph_io
 
@@ -57,6 +58,7 @@ class SessionSettings:
     dense_step_rows: int = DENSE_STEP_ROWS
     shared_arena: bool = True  # CPU sessions draw on one process-wide arena (share_cpu_arena), not one each
     profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON files named so (bench/step.py)
+    shortlist: bool = False  # every step runs the folder's shortlist step graph over each sentence's candidates
 
 
 CPU_DISABLED_FUSIONS = ["SkipLayerNormFusion"]
@@ -67,6 +69,7 @@ class Memory(NamedTuple):
 
     keys: np.ndarray  # (L, b, H, S, Dh)
     values: np.ndarray  # (L, b, H, S, Dh)
+    candidates: np.ndarray | None = None  # (b, C) each sentence's candidate ids, with a shortlist (else None)
 
 
 DEFAULT_CANDIDATES = 17  # clean candidates per row when a caller of `step` does not say (beam 8's)
@@ -405,11 +408,16 @@ class OnnxRuntime:
             self.single = open_session(folder, single, settings, self.shared["decoder_step_single"])
             release_freed_memory()
         self._single_rows = settings.single_row_rows
+        self.shortlist: Shortlist | None = None
+        self.shortlist_decoder: ort.InferenceSession | None = None
+        if settings.shortlist:
+            self.shortlist, self.shortlist_decoder = self._open_shortlist(folder, spec, settings)
         self.steps = {
             "decoder_step": self.decoder,
             "decoder_step_ragged": self.ragged,
             "decoder_step_single": self.single,
             "decoder_step_dense": self.dense_decoder,
+            "decoder_step_shortlist": self.shortlist_decoder,
         }
         enc, dec = spec.encoder, spec.decoder_step
         self._enc_in = (enc.one("src_ids"), enc.one("src_mask"))
@@ -421,6 +429,8 @@ class OnnxRuntime:
         self._dec_one = {
             role: dec.one(role) for role in ("input_ids", "positions", "src_mask", "sentence_rows", "row_slots")
         }
+        if spec.decoder_step_shortlist is not None:
+            self._dec_one["candidate_ids"] = spec.decoder_step_shortlist.one("candidate_ids")
         outputs = {s.name: s for s in dec.outputs}
         self._dec_out = {role: outputs[dec.one(role)] for role in ("top_log_probs", "top_ids", "log_probs")}
         self.candidates = step_candidates(folder, spec)  # what the step's top-K gives each row
@@ -431,6 +441,20 @@ class OnnxRuntime:
         self.cache_dtype = next(s.dtype for s in dec.inputs if s.role == "self_key")
         self.gpu = gpu_array_module(self.providers, self.cache_dtype, self._dec_lengths is not None, folder.path)
         self._reserve = cfg.max_positions if on_cpu else None  # see new_cache (a dense cache reserves nothing)
+
+    def _open_shortlist(
+        self, folder: ModelFolder, spec: VariantSpec, settings: SessionSettings
+    ) -> tuple[Shortlist, ort.InferenceSession]:
+        """The folder's shortlist and the variant's shortlist step graph; ModelFolderError where it has none."""
+        if spec.decoder_step_shortlist is None:
+            raise ModelFolderError(
+                f"{folder.path}: variant {spec.precision!r} has no shortlist step graph (decoder_step_shortlist): "
+                "`python -m model_export shortlist` adds one, or turn MT_SHORTLIST off"
+            )
+        shortlist = load_shortlist(folder)
+        session = open_session(folder, spec.decoder_step_shortlist, settings, self.shared["decoder_step_shortlist"])
+        release_freed_memory()
+        return shortlist, session
 
     @property
     def dense(self) -> bool:
@@ -455,9 +479,11 @@ class OnnxRuntime:
         from this memory takes the layers as its buffers (DecoderCache.add; the default model's test set in batches
         of 32: the copies were 2.5-3 % of the run). Elsewhere its outputs are stacked."""
         inputs = (np.ascontiguousarray(src_ids), np.ascontiguousarray(src_mask))  # (b, S) each
+        candidates = None if self.shortlist is None else self.shortlist.candidates(*inputs)  # (b, C)
         if not self._bind_memory:
             outputs = self.encoder.run(self._enc_out, dict(zip(self._enc_in, inputs, strict=True)))
-            return Memory(np.stack(outputs[: self.n_layers]), np.stack(outputs[self.n_layers :]))  # (L, b, H, S, Dh)
+            keys, values = np.stack(outputs[: self.n_layers]), np.stack(outputs[self.n_layers :])  # (L, b, H, S, Dh)
+            return Memory(keys, values, candidates)
         b, s = src_ids.shape
         memory = np.empty((2, self.n_layers, b, self.n_heads, s, self.head_dim), self._memory_dtype)
         binding = StepBinding(self.encoder)
@@ -466,7 +492,7 @@ class OnnxRuntime:
         for name, layer in zip(self._enc_out, memory.reshape(2 * self.n_layers, b, self.n_heads, s, -1), strict=True):
             binding.host_output(name, layer)  # (b, H, S, Dh): keys' layers, then values'
         binding.run()
-        return Memory(memory[0], memory[1])  # (L, b, H, S, Dh) each
+        return Memory(memory[0], memory[1], candidates)  # (L, b, H, S, Dh) each
 
     def step(
         self,
@@ -491,6 +517,8 @@ class OnnxRuntime:
         a new binding.
         `log_softmax` False (and not `full`): a graph of format 8 skips the log-softmax over the vocabulary, and
         its candidates' values are the logits, in the same order; older graphs, and float16 ones, always normalise."""
+        if full and self.shortlist is not None:
+            raise ValueError("a shortlist step scores each row's candidates only: it has no whole distribution")
         longest = cache.make_room()  # a free slot per row, before the buffers are bound
         width = self.candidates.width(candidates)
         bound = cache.bound  # the cache drops it whenever the arrays it binds change
@@ -522,6 +550,8 @@ class OnnxRuntime:
         default model, beam 4 at batch 1, on the step graph throughout: 0.93-0.97x the time a sentence of 32 tokens,
         0.81-0.96x of 8, 6 rounds alternating in one process). The dense step graph (a static runtime's, beside
         its dense caches) from dense_step_rows rows."""
+        if self.shortlist is not None:
+            return "decoder_step_shortlist"
         rows = max(cache.rows, cache.sentences * rows_per_sentence(candidates))  # (the most, this step or next)
         if self.single is not None and rows <= self._single_rows:  # opened on CPU only: a host cache
             return "decoder_step_single"
@@ -571,6 +601,8 @@ class OnnxRuntime:
             log_softmax = np.ones((), np.bool_)  # () set by each step
             binding.host_input(self._dec_log_softmax, log_softmax)
             per_step.append((self._dec_log_softmax, log_softmax))
+        if graph == "decoder_step_shortlist":
+            host_inputs += (("candidate_ids", cache.candidates),)  # (N, C)
         for role, array in host_inputs:
             if not array.flags.c_contiguous:  # bound by reference: a contiguous copy would not see later updates
                 raise ValueError(f"{role} must be a contiguous array")

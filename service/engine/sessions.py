@@ -106,13 +106,15 @@ def step_graph_options(folder: ModelFolder, variant: str, settings: Settings) ->
     (format 10) in place of the ragged one, for steps of 8 rows or more (DENSE_STEP_ROWS): a static batch's rows all
     have the same length, which its self-attention reads faster (model_export/quantize.py, to_dense_self_attention);
     a continuous batch's rows each have their own, which the step graph reads alone, over a cache that reserves its
-    time axis."""
-    fast = not settings.batch_invariant  # each of these graphs gives a row other numbers than the step graph
+    time axis. With MT_SHORTLIST the shortlist step graph runs every step, and none of these is opened."""
+    # each of these graphs gives a row other numbers than the step graph
+    fast = not settings.batch_invariant and not settings.shortlist
     return {
         "ragged_step": fast and ragged_step(ragged_graph_bytes(folder, variant), settings),
         "single_row_step": fast and settings.single_row_step,
         "single_row_rows": single_row_rows(folder.manifest.config),
         "dense_step": fast and settings.batching == "static",
+        "shortlist": settings.shortlist,
     }
 
 

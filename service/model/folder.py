@@ -33,13 +33,23 @@ FORMAT = "transformer-mt-model"
 # bits its products' weights take (`weight_bits`: 7 from `quantize` since this format; none said: 8; engine/cpu.py).
 # 12: a variant may say its graphs are batch-invariant (`batch_invariant`: a row's numbers depend on that row alone:
 # int8 activations quantized row by row, the step graph's cross-attention in plain operators; none said: not).
+# A folder of format 12 may also hold a vocabulary shortlist (`shortlist`, optional) and, per variant, the step graph
+# that scores each row's candidates only (`decoder_step_shortlist`, optional; model_export/shortlist.py).
 # model_export writes FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on
 # (service/engine/runtime.py: step_candidates, OnnxRuntime).
 FORMAT_VERSION = 12
 OLDEST_FORMAT_VERSION = 3
 # a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5),
-# one-row (format 6) and dense (format 10) step graphs
-GRAPHS = ("encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense")
+# one-row (format 6), dense (format 10) and shortlist step graphs
+GRAPHS = (
+    "encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense",
+    "decoder_step_shortlist",
+)
+GraphName = Literal[
+    "encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense",
+    "decoder_step_shortlist",
+]
+SHORTLIST_FEWEST = 64  # candidates per sentence, at least: the step's top-K (beam k: 2k + 3) must fit among them
 ORT_DTYPES = {
     "tensor(float)": "float32",
     "tensor(float16)": "float16",
@@ -85,9 +95,7 @@ class SharedInitializer(_Strict):
     file: str
     dtype: Literal["uint8", "int8", "float32"]
     shape: list[int]
-    names: dict[
-        Literal["encoder", "decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense"], str
-    ]
+    names: dict[GraphName, str]
 
 
 class VariantSpec(_Strict):
@@ -97,6 +105,9 @@ class VariantSpec(_Strict):
     decoder_step_ragged: GraphSpec | None = None  # format 5: the step for batches whose sentences have one row each
     decoder_step_single: GraphSpec | None = None  # format 6: the step for one row (the step graph's inputs and outputs)
     decoder_step_dense: GraphSpec | None = None  # format 10: the step for static batches (the same contract)
+    # the step whose output projection scores each row's own candidates (its sentence's `candidate_ids`, (N, C)),
+    # its log_probs (B, C) over them and its top_ids vocabulary ids; the folder's `shortlist` gives the candidates
+    decoder_step_shortlist: GraphSpec | None = None
     # format 11, int8 variants: the bits of the DynamicQuantizeMatMul products' weights (7: their pairs of products
     # fit the 16-bit sums of a CPU without VNNI; none stated: 8, as `quantize` wrote them before format 11)
     weight_bits: Literal[7, 8] | None = None
@@ -128,6 +139,15 @@ class TokenizerSpec(_Strict):
         if odd:
             raise ValueError(f"rare_letters holds characters that are not letters: {''.join(odd)!r}")
         return value
+
+
+class ShortlistSpec(_Strict):
+    """The folder's vocabulary shortlist (service/engine/shortlist.py reads the file): for each source token id the
+    target ids it makes likely, and the ids every sentence's candidates hold."""
+
+    file: str
+    candidates: int = Field(ge=SHORTLIST_FEWEST)  # C: candidates per sentence, padded with pad (the graphs' axis)
+    copy_source: bool = False  # a sentence's source ids are candidates too (source and target ids are one vocabulary)
 
 
 class Architecture(BaseModel):
@@ -179,6 +199,7 @@ class Manifest(_Strict):
     default_variant: str
     files: dict[str, FileEntry]
     provenance: dict[str, Any]
+    shortlist: ShortlistSpec | None = None
 
     @field_validator("format_version", mode="before")
     @classmethod
@@ -204,14 +225,31 @@ class Manifest(_Strict):
         cfg, ids = self.config, self.special_ids
         if (ids.pad, ids.decoder_start, ids.eos, ids.unk) != (cfg.pad_id, cfg.decoder_start_id, cfg.eos_id, cfg.unk_id):
             raise ValueError("special_ids disagree with the config's pad/decoder_start/eos/unk ids")
+        self._shortlist_graphs_fit()
         missing = sorted(set(self.referenced_files()) - set(self.files))
         if missing:
             raise ValueError(f"files referenced but not listed with a checksum: {', '.join(missing)}")
         return self
 
+    def _shortlist_graphs_fit(self) -> None:
+        """A shortlist step graph needs the folder's shortlist, and its candidate axis is the shortlist's size."""
+        for name, variant in self.variants.items():
+            graph = variant.decoder_step_shortlist
+            if graph is None:
+                continue
+            if self.shortlist is None:
+                raise ValueError(f"variant {name!r} has a decoder_step_shortlist but the folder has no shortlist")
+            axis = next((s.shape[1] for s in graph.inputs if s.role == "candidate_ids"), None)
+            if axis != self.shortlist.candidates:
+                raise ValueError(
+                    f"variant {name!r}: decoder_step_shortlist's candidate_ids axis is {axis}, the shortlist's "
+                    f"candidates {self.shortlist.candidates}"
+                )
+
     def referenced_files(self) -> list[str]:
         tok = self.tokenizer
         names = [tok.source_model, tok.target_model] + ([tok.vocabulary] if tok.vocabulary else [])
+        names += [self.shortlist.file] if self.shortlist else []
         for variant in self.variants.values():
             graphs = [getattr(variant, name) for name in GRAPHS]
             names += [graph.file for graph in graphs if graph] + [i.file for i in variant.shared_initializers]

@@ -124,5 +124,6 @@ class EncoderThread:
         first = 0
         for sources, memory in running:
             rows, width = slice(first, first + len(sources)), max(len(s) for s in sources)
-            memory.set_result(Memory(merged.keys[:, rows, :, :width], merged.values[:, rows, :, :width]))
+            candidates = None if merged.candidates is None else merged.candidates[rows]  # (b, C) each its own
+            memory.set_result(Memory(merged.keys[:, rows, :, :width], merged.values[:, rows, :, :width], candidates))
             first += len(sources)

@@ -398,7 +398,9 @@ class Scheduler:
         encoded = self._encoded(wait)
         try:
             for encoding, memory in encoded:
-                self.cache.add(memory.keys, memory.values, encoding.src_mask, owned=True)
+                self.cache.add(
+                    memory.keys, memory.values, encoding.src_mask, owned=True, candidates=memory.candidates
+                )
                 self.active += self._joined(encoding)
         except Exception as error:  # noqa: BLE001 - the cache's bookkeeping failed: fail the batch, keep serving
             self._fail([job for encoding, _ in encoded for job in encoding.jobs], error)
@@ -484,7 +486,9 @@ class Scheduler:
             layout = self.cache.refill(rows, sum(len(encoding.jobs) for encoding, _ in encoded))
             active: list[Running | None] = [self.active[row] if row >= 0 else None for row in layout.tolist()]
             for encoding, memory in encoded:
-                places = self.cache.add(memory.keys, memory.values, encoding.src_mask, owned=True)  # (b,) its places
+                places = self.cache.add(
+                    memory.keys, memory.values, encoding.src_mask, owned=True, candidates=memory.candidates
+                )  # (b,) its places
                 for place, running in zip(places.tolist(), self._joined(encoding), strict=True):
                     active[place] = running
         except Exception as error:  # noqa: BLE001 - the newcomers fail with the batch (_step resets it)

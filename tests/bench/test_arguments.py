@@ -20,6 +20,7 @@ from service.arguments import (
     ("module", "argv", "message"),
     [
         ("bench.engine", ["paper", "--rounds", "0"], "argument --rounds: must be a whole number of at least 1, not 0"),
+        ("bench.shortlist", ["paper", "--candidates", "512,x"], "argument --candidates: must be comma-separated whole"),
         (
             "bench.engine",
             ["paper", "--alone-sentences", "-1"],

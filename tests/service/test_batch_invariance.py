@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -60,8 +61,8 @@ def paper_size(spm_model: bytes, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return folder
 
 
-def runtime_of(folder: ModelFolder, variant: str) -> OnnxRuntime:
-    return open_runtime(folder, Settings(variant=variant, intra_op_threads=1))
+def runtime_of(folder: ModelFolder, variant: str, shortlist: bool = False) -> OnnxRuntime:
+    return open_runtime(folder, Settings(variant=variant, intra_op_threads=1, shortlist=shortlist))
 
 
 def rules_of(folder: ModelFolder) -> TokenRules:
@@ -78,13 +79,19 @@ def sentences(folder: ModelFolder) -> list[list[int]]:
     return texts + noise
 
 
+def pad_masks(sources: list[list[int]]) -> tuple:
+    width = max(map(len, sources))
+    ids = np.array([s + [0] * (width - len(s)) for s in sources])  # (b, S)
+    return ids, np.array([[True] * len(s) + [False] * (width - len(s)) for s in sources])  # (b, S) each
+
+
 def alone(runtime: OnnxRuntime, rules: TokenRules, source: list[int], options: SearchOptions) -> list[Hypothesis]:
     return decode_batch(runtime, [source], [options], rules)[0]
 
 
-def check_compositions(folder_path: Path, variant: str, compositions: int) -> None:
+def check_compositions(folder_path: Path, variant: str, compositions: int, shortlist: bool = False) -> None:
     folder = load_model_folder(folder_path)
-    runtime, rules, srcs = runtime_of(folder, variant), rules_of(folder), sentences(folder)
+    runtime, rules, srcs = runtime_of(folder, variant, shortlist), rules_of(folder), sentences(folder)
     options = [GREEDY, BEAM]
     reference = {(i, o): alone(runtime, rules, s, options[o]) for i, s in enumerate(srcs) for o in (0, 1)}
     rng = random.Random(f"{folder_path.name}-{variant}")
@@ -113,6 +120,18 @@ def check_compositions(folder_path: Path, variant: str, compositions: int) -> No
 @pytest.mark.parametrize("variant", ["int8", "fp32"])
 def test_the_tiny_models_outputs_do_not_depend_on_their_batch(quantized: Path, variant: str) -> None:
     check_compositions(quantized, variant, compositions=12)
+
+
+@pytest.mark.parametrize("variant", ["int8", "fp32"])
+def test_with_a_shortlist_each_sentence_scores_its_own_candidates_whatever_its_batchs(
+    shortlisted: Path, variant: str
+) -> None:
+    """MT_SHORTLIST: the tiny model's sentences, whose candidate sets differ (the random ones' most), alone and among
+    neighbours, static and continuous batches."""
+    runtime = runtime_of(load_model_folder(shortlisted), variant, shortlist=True)
+    sets = {tuple(row) for row in runtime.shortlist.candidates(*pad_masks(sentences(load_model_folder(shortlisted))))}
+    assert len(sets) > len(TEXTS) // 2
+    check_compositions(shortlisted, variant, compositions=12, shortlist=True)
 
 
 @pytest.mark.parametrize("variant", ["int8", "fp32"])
