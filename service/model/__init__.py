@@ -10,6 +10,7 @@ from service.model.folder import (
     MANIFEST,
     OLDEST_FORMAT_VERSION,
     Architecture,
+    Calibration,
     GraphSpec,
     Manifest,
     ModelFolder,
@@ -17,7 +18,9 @@ from service.model.folder import (
     TokenizerSpec,
     VariantSpec,
     load_model_folder,
+    platt,
     sha256_of,
+    uncalibrated,
 )
 from service.model.tokenizer import Tokenizer
 
@@ -28,6 +31,7 @@ __all__ = [
     "MANIFEST",
     "OLDEST_FORMAT_VERSION",
     "Architecture",
+    "Calibration",
     "GraphSpec",
     "Manifest",
     "ModelFolder",
@@ -37,5 +41,7 @@ __all__ = [
     "TokenizerSpec",
     "VariantSpec",
     "load_model_folder",
+    "platt",
     "sha256_of",
+    "uncalibrated",
 ]
