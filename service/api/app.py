@@ -44,6 +44,7 @@ from service.errors import (
 )
 from service.files import formats
 from service.metrics import Metrics
+from service.model.folder import Calibration
 from service.scheduling.engine_process import EngineProcess
 from service.settings import Settings
 from service.text.detection import Detector
@@ -287,7 +288,17 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         # a sentence's output does not depend on what shares its batch (MT_BATCH_INVARIANT, format 12)
         "batch_invariant": settings.batch_invariant and translator.folder.variant(translator.variant).batch_invariant,
         "weight_bits": translator.folder.variant(translator.variant).weight_bits,  # int8 products' (format 11)
+        # how /translate's `confidence` is computed: the manifest's calibration (format 13), or uncalibrated
+        "confidence": confidence_card(manifest.confidence),
         "warnings": translator.warnings,  # what to change for it to run as measured (translator.weight_bits_warnings)
         "config": manifest.config.model_dump(),
         "provenance": manifest.provenance,
     }
+
+
+def confidence_card(calibration: Calibration | None) -> dict[str, object]:
+    """/v1/models' word on a model's confidences: calibrated (its method, parameters, label and dev-set measures),
+    or the geometric mean of the tokens' probabilities, exp(mean log-probability), which no measure calibrated."""
+    if calibration is None:
+        return {"calibrated": False, "method": "exp(mean_token_logprob)"}
+    return {"calibrated": True, **calibration.model_dump()}

@@ -244,7 +244,7 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
         max_length=body.max_length,
         html=body.format == "html",
         timeout=body.timeout,
-        return_scores=body.return_scores,  # else greedy steps may skip the log-softmax
+        return_scores=body.return_scores,
     )
 
 
@@ -259,6 +259,7 @@ def translate_response(
         alternatives=result.alternatives[0] if single else result.alternatives,
         detectedLanguage=(detected[0] if single else detected) if detected is not None else None,
         scores=(result.scores[0] if single else result.scores) if body.return_scores else None,
+        confidence=result.confidences[0] if single else result.confidences,
         usage=Usage(
             input_tokens=result.input_tokens,
             output_tokens=result.output_tokens,

@@ -97,7 +97,7 @@ def test_sentences_a_length_cap_stopped_are_counted(model_dir: Path) -> None:
     eos = load_model_folder(model_dir).manifest.special_ids.eos
     expected = {n: sum(solo_ids(model_dir, s, max_length=n)[-1] != eos for s in sentences) for n in (1, 2, 256)}
     assert expected[1] == 4 and expected[256] == 1  # every one stopped at 1 token, the first alone at 256
-    with TestClient(create_app(settings_for(model_dir))) as c:
+    with TestClient(create_app(settings_for(model_dir, guards=False))) as c:  # no loop searched again with beams
         for max_length, truncated in expected.items():
             body = {"q": texts, "source": "en", "target": "fr", "max_length": max_length}
             assert c.post("/translate", json=body).json()["usage"]["truncated_sentences"] == truncated, max_length
@@ -589,3 +589,17 @@ def test_frontend_settings_answer_in_libretranslates_shape(model_dir: Path) -> N
     with TestClient(create_app(settings_for(model_dir, api_keys=["k1"]))) as c:
         keyed = c.get("/frontend/settings").json()
     assert keyed["apiKeys"] and keyed["keyRequired"]  # and the route itself needs none, as LibreTranslate's
+
+
+def test_each_text_has_a_confidence_that_is_its_own(client: TestClient) -> None:
+    """`confidence`: a number in [0, 1] for a string q, a list of them for a list, each text's the same alone and
+    among others; a folder without calibration says so in /v1/models (exp of the mean token log-probability)."""
+    q = ["Open the file.", "Save the document before closing it. Print", "Delete the selected items?"]
+    listed = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["confidence"]
+    alone = [client.post("/translate", json={"q": t, "source": "en", "target": "fr"}).json()["confidence"] for t in q]
+    assert isinstance(listed, list) and listed == alone
+    assert all(isinstance(c, float) and 0.0 <= c <= 1.0 for c in alone)
+    empty = client.post("/translate", json={"q": "***", "source": "en", "target": "fr"}).json()
+    assert empty["confidence"] == 1.0  # nothing the model read: kept as it is
+    [card] = client.get("/v1/models").json()["models"]
+    assert card["confidence"] == {"calibrated": False, "method": "exp(mean_token_logprob)"}
