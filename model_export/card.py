@@ -175,8 +175,9 @@ def calibration_section(report: dict) -> list[str]:
         f"Guards (`MT_GUARDS`): an n-gram of up to 4 tokens repeated {limits['repeats']} times in a row (and more "
         f"often than in the source + 1), a translation of under {limits['shortest']:g} or over "
         f"{limits['longest']:g} times its source's tokens (sources of {limits['length_from']} tokens or more), a "
-        f"copy of a source of {limits['copy_words']} words or more: limits no reference translation of the dev set "
-        f"passes. The greedy translations they flag, those that a search with {report['retry_beam']} beams (the "
+        f"copy of a source of {limits['copy_words']} words or more (outside tags; shorter ones, identifiers, units "
+        "and lists of keywords, the model copied rightly on the dev set): limits no reference translation of the dev "
+        f"set passes. The greedy translations they flag, those that a search with {report['retry_beam']} beams (the "
         "server's retry) fixes, and the references they would flag:",
         "",
         _row("split", *kinds, "flagged", "fixed by beams", "references flagged"),

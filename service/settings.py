@@ -244,7 +244,7 @@ class Settings(BaseSettings):
     guards: bool = Field(
         True,
         description="check each sentence's translation for degenerate output (an n-gram repeated 4 times in a row, "
-        "a length below 0.25 or above 3 times the source's tokens, a copy of a source of 3 words or more): a "
+        "a length below 0.25 or above 3 times the source's tokens, a copy of a source of 4 words or more): a "
         "greedy one is searched again with 4 beams, and the beams' best kept where it passes; each one found is "
         "counted in mt_degenerate_outputs_total",
     )

@@ -3,16 +3,20 @@
 Sees a sentence's source ids and a hypothesis's ids (EOS included on both sides, as the tokenizer and the searches
 give them), and for a copy the two texts as the model read and wrote them; knows no batch, no request, no language.
 The limits were read off the default model's dev set (models/en-fr/README.md, "Confidence and guards"): no reference
-translation there repeats an n-gram four times in a row, and each has between 0.25 and 3 times its source's tokens.
+translation there repeats an n-gram four times in a row, and each has between 0.25 and 3 times its source's tokens;
+the copies of shorter sources its model made there (identifiers, units, format strings, keyword lists) were right.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 KINDS = ("repetition", "length", "copy")  # what a guard found; mt_degenerate_outputs_total's `kind`
 LONGEST_NGRAM = 4  # repetitions of 1- to 4-token n-grams are counted
+_LETTERS = re.compile(r"[^\W\d_].*[^\W\d_]")  # two letters or more: a word, not a number, a symbol or %s
+_TAG = re.compile(r"<[^>]*>")
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class GuardLimits:
     shortest: float = 0.25  # hypothesis tokens / source tokens below this ...
     longest: float = 3.0  # ... or above this is a length far outside the source's
     length_from: int = 5  # ... for sources of at least this many tokens (a short one's ratio says little)
-    copy_words: int = 3  # a hypothesis equal to its source is a copy when the source has this many words or more
+    copy_words: int = 4  # a hypothesis equal to its source is a copy when the source has this many words or more
 
 
 def tandem_repeats(ids: Sequence[int], longest: int = LONGEST_NGRAM) -> int:
@@ -50,9 +54,13 @@ def off_length(source: Sequence[int], hypothesis: Sequence[int], ended: bool, li
 
 
 def copied(source: str, translation: str, limits: GuardLimits) -> bool:
-    """The translation is its source again (case and runs of spaces aside), for a source of `copy_words` words."""
-    words = source.casefold().split()
-    return len(words) >= limits.copy_words and words == translation.casefold().split()
+    """The translation is its source again (case and runs of spaces aside), for a source of `copy_words` words
+    (runs without spaces of two letters or more) outside its tags: shorter ones (a name, a unit, an identifier, a
+    format string, a list of keywords) are often right copied."""
+    words = [word for word in _TAG.sub(" ", source).split() if _LETTERS.search(word)]
+    if len(words) < limits.copy_words:
+        return False
+    return source.casefold().split() == translation.casefold().split()
 
 
 def degenerate(

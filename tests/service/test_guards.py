@@ -57,10 +57,14 @@ def test_a_length_far_from_the_sources_is_degenerate() -> None:
     assert degenerate([10, 11, EOS], list(range(30, 45)), False, None, LIMITS) is None  # a short source: no ratio
 
 
-def test_a_copy_of_a_source_of_three_words_is_degenerate() -> None:
+def test_a_copy_of_a_source_of_four_words_is_degenerate() -> None:
     out = [20, 21, 22, EOS]
-    assert degenerate(SOURCE, out, True, ("Open the  file", "open the file"), LIMITS) == "copy"
-    assert degenerate(SOURCE, out, True, ("Open file", "Open file"), LIMITS) is None  # a name, a short label
+    assert degenerate(SOURCE, out, True, ("Open all the  files", "open all the files"), LIMITS) == "copy"
+    assert degenerate(SOURCE, out, True, ("Open the file", "Open the file"), LIMITS) is None  # a short label
+    copies = ("ascii ident : %.*s", "24.000 FPS (FILM)", 'Sticky <span class="count">(%s)</span>',
+              "table_constraint_using_index", "zip;tar;extract;unpack;")
+    for copy in copies:
+        assert degenerate(SOURCE, out, True, (copy, copy), LIMITS) is None  # the dev set's right copies
     assert degenerate(SOURCE, out, True, ("Open the file", "Ouvrir le fichier"), LIMITS) is None
     assert degenerate(SOURCE, out, True, None, LIMITS) is None  # the same language on both sides: no copy guard
 
