@@ -95,6 +95,14 @@ class Prepared:
     masks: list[Masked]  # per sentence, what the model read of it: its placeholders and the runs they stand for
 
 
+@dataclass
+class Retried:
+    """What the guards' retries decoded: their jobs' source ids and each one's best hypothesis."""
+
+    jobs: list[list[int]]
+    best: list[Hypothesis]
+
+
 class Translator:
     """`runtime` given: its scheduler runs in this process (tests, and `MT_ENGINE_PROCESS=false`); none: the
     model's scheduler and sessions run in an engine process of their own (see service/scheduling/engine_process.py)."""
@@ -251,10 +259,12 @@ class Translator:
         inline = sum(len(t) for t in texts) <= (INLINE_HTML_CHARS if options.html else INLINE_CHARS)
         prepared = await off_loop(inline, self.prepare, texts, target, options)
         hypotheses, ticket = await self._translated(prepared, target, options, started, inline)
-        await self._guarded(prepared, hypotheses, target, options, started, inline)
+        searched = [h[0] for h in hypotheses]  # as decoded: the usage counts the guards' retries besides them
+        retried = await self._guarded(prepared, hypotheses, target, options, started, inline)
         decoded = await off_loop(inline, self._decoded, prepared, hypotheses)
         placed: list[dict[int, str]] = [{} for _ in prepared.documents]
-        jobs, results = prepared.jobs, hypotheses  # both passes', for the usage
+        jobs, results = prepared.jobs + retried.jobs, searched + retried.best  # every pass's, for the usage
+        final = [h[0] for h in hypotheses]  # the translations, for the truncated ones
         if options.html and any(doc.tagged for doc in prepared.documents):  # inline elements (text.inline.Tagged)
             pieces, places = await off_loop(inline, self._unplaced, prepared, decoded, target, options)
             if pieces.jobs:  # kept elements with no place in their sentence's translation: its pieces around them
@@ -263,7 +273,8 @@ class Translator:
                 for d, i, first in places:
                     tagged = prepared.documents[d].tagged[i]
                     placed[d][i] = tagged.pieces.join([a[0] for a in answers[first:][: len(tagged.pieces.sentences)]])
-                jobs, results = jobs + pieces.jobs, hypotheses + more
+                pieces_best = [h[0] for h in more]
+                jobs, results, final = jobs + pieces.jobs, results + pieces_best, final + pieces_best
         texts, alternatives, scores, confidences = await off_loop(
             inline, self._assemble, prepared, hypotheses, decoded, placed, options
         )
@@ -275,10 +286,10 @@ class Translator:
             alternatives,
             scores,
             input_tokens=sum(len(ids) for ids in jobs),
-            output_tokens=sum(len(h[0].tokens) for h in results),
+            output_tokens=sum(len(h.tokens) for h in results),
             queue_seconds=ticket.queue_seconds,
             seconds=time.monotonic() - started,
-            truncated_sentences=sum(not ends(h[0], self.rules) for h in results),
+            truncated_sentences=sum(not ends(h, self.rules) for h in final),
             confidences=confidences,
         )
 
@@ -312,17 +323,20 @@ class Translator:
         options: TranslateOptions,
         started: float,
         inline: bool,
-    ) -> None:
+    ) -> Retried:
         """Each sentence's best hypothesis through the guards (MT_GUARDS, service/engine/guards.py). A degenerate
         greedy one is searched again with RETRY_BEAM beams, its retry a function of the sentence alone, and takes the
-        beams' best where the guards pass it (and it gives its placeholders back); each one found is counted."""
+        beams' best where the guards pass it (and it gives its placeholders back); each one found is counted.
+        Returns what the retries decoded, for the usage."""
         found = await off_loop(inline, self._degenerate, prepared, hypotheses, target)
         if not found:
-            return
-        again, retried = await off_loop(inline, self._retries, prepared, found, target, options)
+            return Retried([], [])
+        again, retried = await off_loop(inline, self._retries, prepared, found, options)
         fixed: set[int] = set()
+        best: list[Hypothesis] = []
         if again.jobs:
             rerun = await self._run(again, options, started)
+            best = [r[0] for r in rerun.results if r]
             for k, i in enumerate(retried):
                 results = self._restoring(prepared.masks[i], rerun.results[k] or [], 1)
                 if results and self._kind(prepared, i, results[0], target) is None:
@@ -331,6 +345,7 @@ class Translator:
         for i, kind in found.items():
             outcome = "retried_fixed" if i in fixed else "retried_kept" if i in retried else "not_retried"
             self.metrics.degenerate.labels(self.name, kind, outcome).inc()
+        return Retried(again.jobs, best)
 
     def _degenerate(self, prepared: Prepared, hypotheses: list[list[Hypothesis]], target: str) -> dict[int, str]:
         """The sentences whose best hypothesis a guard finds degenerate, and what it found; none without MT_GUARDS."""
@@ -347,7 +362,7 @@ class Translator:
         return degenerate(prepared.jobs[i], hypothesis.tokens, ended, texts, limits)
 
     def _retries(
-        self, prepared: Prepared, found: dict[int, str], target: str, options: TranslateOptions
+        self, prepared: Prepared, found: dict[int, str], options: TranslateOptions
     ) -> tuple[Prepared, list[int]]:
         """The degenerate greedy sentences as jobs of RETRY_BEAM beams (where the beam limit and the batch limits
         allow), and the sentence each job is."""
@@ -361,7 +376,7 @@ class Translator:
             except (InvalidRequest, TooLarge):
                 continue
             again.jobs.append(prepared.jobs[i])
-            again.options.append(replace(search, max_new_tokens=prepared.options[i].max_new_tokens))
+            again.options.append(search)
             again.masks.append(prepared.masks[i])
             retried.append(i)
         return again, retried
