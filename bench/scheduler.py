@@ -9,6 +9,7 @@ encoder thread, its pass, the step in progress), in the batch; and, at the end, 
     python -m bench.scheduler                       # the default model, 32 clients, 15 s
     python -m bench.scheduler --clients 8,32,64 --seconds 10
     python -m bench.scheduler --stages              # and where each thread's CPU time went, per row-step
+    python -m bench.scheduler --unscored            # greedy steps without the log-softmax (no confidence)
 
 `--stages` times the runtime's own calls on the threads that make them (`time.thread_time`) over the measured
 window: the step graphs' runs, the rest of each step (binding, the cache's room), the cache's resizes (as rows grow
@@ -26,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=positive_float, default=15.0)
     parser.add_argument("--sentences", type=positive_int, help="the test set's first N (default: all of it)")
     parser.add_argument("--stages", action="store_true", help="print where each thread's CPU time went, per row-step")
+    parser.add_argument(
+        "--unscored", action="store_true",
+        help="greedy searches that read no log-probabilities, so that their steps skip the log-softmax: what the "
+        "server's confidence (every search scored) costs, beside a run without it",
+    )
     args = parser.parse_args(argv)
     print(headline(describe()), flush=True)
     settings = Settings()
@@ -218,10 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     texts = test_sentences(args.corpus, args.sentences)
     encoded = [translator.tokenizer.encode(t, target) for t in texts]  # a line, a sentence
     sentences = [(ids, translator.search_options(len(ids), options)) for ids in encoded]  # the server's caps
+    if args.unscored:
+        sentences = [(ids, replace(search, scored=False)) for ids, search in sentences]
     translator.warm_up()
     scheduler.start()
     print(f"{folder.manifest.name}, {translator.variant}, {settings.batching}, "
-          f"{decoder_streams(folder.manifest.config, settings)} stream(s), providers {runtime.providers[0]}")
+          f"{decoder_streams(folder.manifest.config, settings)} stream(s), providers {runtime.providers[0]}"
+          f"{', unscored' if args.unscored else ''}")
     print("| clients | sentences/s | target tok/s | CPU µs per target token | rows per step | queue ms "
           "| to first step ms | decoding ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|")
     staged = []

@@ -135,6 +135,46 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    from model_export.calibrate import calibrate, report_dict
+    from model_export.card import write_calibration_section
+
+    report = calibrate(args.model_dir, args.corpus, args.variant, args.threshold, tuple(args.splits),
+                       args.batch_size, args.threads)
+    print(report.summary())
+    data = report_dict(report)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if (args.model_dir / "README.md").is_file():
+        print(f"wrote {write_calibration_section(args.model_dir / 'README.md', data)}'s confidence section")
+    return 0
+
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    from model_export.calibrate import CHRF_GOOD
+
+    calibrate = sub.add_parser(
+        "calibrate", help="fit a model folder's confidence on the dev set, measure it and the guards on dev and test"
+    )
+    calibrate.add_argument("--model-dir", type=Path, required=True)
+    calibrate.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    calibrate.add_argument("--variant", help="graph variant (default: the manifest's, the one the server runs)")
+    calibrate.add_argument(
+        "--threshold", type=positive_float, default=CHRF_GOOD,
+        help=f"a translation whose sentence chrF reaches this is good (default {CHRF_GOOD:g})",
+    )
+    calibrate.add_argument(
+        "--splits", nargs="+", default=["dev", "test"], help="the first is fitted on, each measured (default: dev test)"
+    )
+    calibrate.add_argument("--batch-size", type=positive_int, default=32)
+    calibrate.add_argument("--threads", type=int_between(1, MAX_THREADS), default=2)
+    calibrate.add_argument("--json", type=Path, help="also write the report here (the card's section reads it)")
+    calibrate.set_defaults(run=cmd_calibrate)
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     from model_export.quantize import add_int8_variant
 
@@ -326,10 +366,11 @@ def _add_marian(sub: argparse._SubParsersAction) -> None:
 
 def cmd_card(args: argparse.Namespace) -> int:
     from model_export import checkpoint
-    from model_export.card import read_reports, write_card
+    from model_export.card import read_calibration, read_reports, write_card
 
     reports = read_reports(args.evaluations)
-    card = write_card(args.model_dir, checkpoint.load(args.checkpoint), args.corpus, reports, args.title)
+    calibration = read_calibration(args.calibration) if args.calibration else None
+    card = write_card(args.model_dir, checkpoint.load(args.checkpoint), args.corpus, reports, args.title, calibration)
     print(f"wrote {card}")
     return 0
 
@@ -356,6 +397,7 @@ def _add_card(sub: argparse._SubParsersAction) -> None:
     card.add_argument("--checkpoint", type=Path, required=True, help="the checkpoint the folder was exported from")
     card.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     card.add_argument("--evaluations", type=Path, nargs="+", required=True, help="JSON reports of `evaluate`")
+    card.add_argument("--calibration", type=Path, help="the JSON report of `calibrate --json`")
     card.add_argument("--title", default="English to French for software text")
     card.set_defaults(run=cmd_card)
 
@@ -398,6 +440,7 @@ def parser() -> argparse.ArgumentParser:
     from_folder.set_defaults(run=cmd_from_folder)
     _add_train(sub)
     _add_evaluate_and_quantize(sub)
+    _add_calibrate(sub)
     _add_letters(sub)
     _add_shortlist(sub)
     _add_marian(sub)

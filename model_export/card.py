@@ -1,6 +1,6 @@
 """Writes a model folder's card (README.md) and NOTICE from what was measured: the corpus statistics, the
-training history kept in the checkpoint, the evaluation reports and the parameter count. Knows file
-layouts; computes nothing it reports.
+training history kept in the checkpoint, the evaluation reports, the calibration report and the parameter count.
+Knows file layouts; computes nothing it reports.
 """
 
 from __future__ import annotations
@@ -140,6 +140,72 @@ def examples_section(report: dict) -> list[str]:
     return lines + [""]
 
 
+CALIBRATION_HEADING = "## Confidence and guards"
+
+
+def calibration_section(report: dict) -> list[str]:
+    """The confidence's fit and measures, and the guards' rates, from `calibrate --json`'s report."""
+    splits, limits = report["splits"], report["guard_limits"]
+    dev = splits[0]
+    lines = [
+        CALIBRATION_HEADING,
+        "",
+        f"`/translate` gives each text a `confidence`: sigmoid({report['a']:.4f} m + {report['b']:.4f}), m the mean "
+        f"log-probability of its tokens, the probability that its sentence chrF reaches {report['threshold']:g}, "
+        f"fitted on the {dev['name']} set's greedy `{report['variant']}` translations ({dev['sentences']:,} "
+        f"sentences, {dev['good']:,} of them good) by `python -m model_export calibrate`, which writes it into the "
+        "manifest (`confidence`). Expected calibration error over 10 bins of equal width, and the Brier score:",
+        "",
+        _row("split", "sentences", "good", "ECE", "Brier"),
+        _row("---", "---:", "---:", "---:", "---:"),
+    ]
+    lines += [_row(s["name"], f"{s['sentences']:,}", f"{s['good']:,}", f"{s['ece']:.3f}", f"{s['brier']:.3f}")
+              for s in splits]
+    lines += ["", "Reliability (each bin: sentences, mean confidence, share good):", "",
+              _row("confidence", *[s["name"] for s in splits]), _row("---", *["---:" for _ in splits])]
+    for b in range(10):
+        cells = []
+        for s in splits:
+            row = next((r for r in s["reliability"] if round(r["from"] * 10) == b), None)
+            cells.append(f"{row['sentences']}: {row['confidence']:.2f} / {row['good']:.2f}" if row else "")
+        lines.append(_row(f"{b / 10:.1f}-{(b + 1) / 10:.1f}", *cells))
+    kinds = ("repetition", "length", "copy")
+    lines += [
+        "",
+        f"Guards (`MT_GUARDS`): an n-gram of up to 4 tokens repeated {limits['repeats']} times in a row (and more "
+        f"often than in the source + 1), a translation of under {limits['shortest']:g} or over "
+        f"{limits['longest']:g} times its source's tokens (sources of {limits['length_from']} tokens or more), a "
+        f"copy of a source of {limits['copy_words']} words or more (outside tags; shorter ones, identifiers, units "
+        "and lists of keywords, the model copied rightly on the dev set): limits no reference translation of the dev "
+        f"set passes. The greedy translations they flag, those that a search with {report['retry_beam']} beams (the "
+        "server's retry) fixes, and the references they would flag:",
+        "",
+        _row("split", *kinds, "flagged", "fixed by beams", "references flagged"),
+        _row("---", *["---:" for _ in kinds], "---:", "---:", "---:"),
+    ]
+    for s in splits:
+        found = sum(s["guards"].values())
+        lines.append(_row(s["name"], *[s["guards"].get(k, 0) for k in kinds],
+                          f"{found}/{s['sentences']:,} ({100 * found / s['sentences']:.2f}%)",
+                          sum(s["fixed"].values()), sum(s["reference_guards"].values())))
+    return lines + [""]
+
+
+def write_calibration_section(card: Path, report: dict) -> Path:
+    """The card's confidence section replaced by `report`'s (or put before its Data section), the rest as it is."""
+    lines = card.read_text(encoding="utf-8").split("\n")
+    section = calibration_section(report)
+    if CALIBRATION_HEADING in lines:
+        start = lines.index(CALIBRATION_HEADING)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = section
+    else:
+        at = lines.index("## Data") if "## Data" in lines else len(lines)
+        lines[at:at] = section
+    card.write_text("\n".join(lines), encoding="utf-8")
+    return card
+
+
 LIMITATIONS = [
     "## Limitations",
     "",
@@ -188,6 +254,21 @@ def read_reports(paths: list[Path]) -> list[dict]:
     return reports
 
 
+def read_calibration(path: Path) -> dict:
+    """The report `calibrate --json` wrote, checked for what the card reads of it."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ExportError(f"calibration report not found: {path} (write one with `calibrate --json`)") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ExportError(f"{path}: not a JSON calibration report ({error})") from None
+    keys = ("a", "b", "threshold", "variant", "splits", "guard_limits", "retry_beam")
+    missing = [key for key in keys if key not in report] if isinstance(report, dict) else list(keys)
+    if missing:
+        raise ExportError(f"{path}: not a calibration report of `calibrate --json`: no {', '.join(missing)}")
+    return report
+
+
 def read_stats(path: Path) -> dict:
     """The corpus's stats.json (`corpus build` writes it), checked for what the card reads of it."""
     try:
@@ -203,7 +284,9 @@ def read_stats(path: Path) -> dict:
     return stats
 
 
-def write_card(folder: Path, checkpoint: Checkpoint, corpus: Path, reports: list[dict], title: str) -> Path:
+def write_card(
+    folder: Path, checkpoint: Checkpoint, corpus: Path, reports: list[dict], title: str, calibration: dict | None = None
+) -> Path:
     for needed in (folder / "manifest.json", corpus / "stats.json", corpus / "NOTICE"):
         if not needed.is_file():
             raise ExportError(f"{needed}: missing (the model folder `export` writes, the corpus `corpus build` writes)")
@@ -224,7 +307,8 @@ def write_card(folder: Path, checkpoint: Checkpoint, corpus: Path, reports: list
         "```",
         "",
     ]
-    lines += evaluation_section(reports, default) + data_section(stats) + training_section(checkpoint)
+    lines += evaluation_section(reports, default) + (calibration_section(calibration) if calibration else [])
+    lines += data_section(stats) + training_section(checkpoint)
     best = next((r for r in reports if r["variant"] == default and r["beam_size"] == 1), reports[0])
     lines += examples_section(best) + LIMITATIONS
     card = folder / "README.md"

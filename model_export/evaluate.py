@@ -20,6 +20,7 @@ from model_export.errors import ExportError
 from service.engine import (
     MAX_OUTPUT_RATIO,
     MAX_OUTPUT_TOKENS,
+    Hypothesis,
     OnnxRuntime,
     SearchOptions,
     SessionSettings,
@@ -101,12 +102,19 @@ class StaticBatches:
         self.runtime = OnnxRuntime(folder, variant, settings)
         self.tokenizer, ids = Tokenizer.from_folder(folder), folder.manifest.special_ids
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
-        self.target = folder.manifest.target_languages[0]
+        self.manifest, self.target = folder.manifest, folder.manifest.target_languages[0]
         self.streams = streams
         self.most_output = min(MAX_OUTPUT_TOKENS, folder.manifest.config.max_positions)  # never past its positions
 
     def translate(self, sources: list[str], beam_size: int, batch_size: int) -> tuple[list[str], int, float]:
         """-> (translations, target tokens, seconds of decoding and detokenising)."""
+        started = time.perf_counter()
+        best = self.best(sources, beam_size, batch_size, scored=False)  # the texts only
+        translations = [self.tokenizer.decode(h.tokens) for h in best]
+        return translations, sum(len(h.tokens) for h in best), time.perf_counter() - started
+
+    def best(self, sources: list[str], beam_size: int, batch_size: int, scored: bool = True) -> list[Hypothesis]:
+        """Each source's best hypothesis, in order (`scored`: with its log-probability, as the server decodes)."""
         encoded = [self.tokenizer.encode(s, self.target) for s in sources]
         # longest first: the order decode_batches' streams take batches in (longest_first), so that its results,
         # yielded in the batches' order, come as they finish and the progress bar moves
@@ -114,17 +122,15 @@ class StaticBatches:
         size = max(1, batch_size // self.streams)
         batches = [order[start : start + size] for start in range(0, len(order), size)]
         cap = [output_cap(len(ids), self.most_output, MAX_OUTPUT_RATIO) for ids in encoded]
-        options = [[SearchOptions(beam_size, cap[i], scored=False) for i in b] for b in batches]  # the texts only
-        translations, tokens = [""] * len(sources), 0
-        started = time.perf_counter()
+        options = [[SearchOptions(beam_size, cap[i], scored=scored) for i in b] for b in batches]
+        best: list[Hypothesis | None] = [None] * len(sources)
         sentences = [[encoded[i] for i in b] for b in batches]
         decoded = decode_batches(self.runtime, sentences, options, self.rules, self.streams)
         pairs = zip(batches, decoded, strict=True)
         for batch, results in tqdm(pairs, total=len(batches), desc="translating", unit="batch", leave=False):
             for i, hyps in zip(batch, results, strict=True):
-                translations[i] = self.tokenizer.decode(hyps[0].tokens)
-                tokens += len(hyps[0].tokens)
-        return translations, tokens, time.perf_counter() - started
+                best[i] = hyps[0]
+        return [h for h in best if h is not None]
 
 
 def translate_all(

@@ -1,7 +1,7 @@
 """Every Prometheus metric of the service, defined in one table on an injectable registry.
 
 Names carry their unit (`_seconds`, `_total`); labels are small fixed sets (route, status, model,
-reason). Other modules call these objects; none defines a metric of its own.
+reason, kind, outcome). Other modules call these objects; none defines a metric of its own.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ SPECS = (
     Spec("step_rows", "histogram", "mt_decoder_step_rows",
          "Rows (sentences x beams) in one decoder step: the batch size.", M, ROW_BUCKETS),
     Spec("sentences", "counter", "mt_sentences_total",
-         "Sentences the decoder finished (one decoded again without its placeholders counts twice).", M,
+         "Sentences the decoder finished (one decoded again without its placeholders, or by a guard, counts twice).", M,
          per_model=True),
     Spec("input_tokens", "counter", "mt_input_tokens_total",
          "Source tokens encoded, once per sentence (as it joins a batch).", M, per_model=True),
@@ -72,6 +72,13 @@ SPECS = (
     Spec("truncated", "counter", "mt_truncated_sentences_total",
          "Sentences whose translation stopped at its length cap (max_length, MT_MAX_OUTPUT_TOKENS, "
          "MT_MAX_OUTPUT_RATIO) before the model ended it.", M, per_model=True),
+    Spec("low_confidence", "counter", "mt_low_confidence_total",
+         "Translated texts whose confidence was below MT_LOW_CONFIDENCE (none while it is 0).", M, per_model=True),
+    Spec("degenerate", "counter", "mt_degenerate_outputs_total",
+         "Sentences whose translation a guard found degenerate (MT_GUARDS), by kind (repetition, length, copy) and "
+         "outcome: retried_fixed (searched again with 4 beams, whose best passed), retried_kept (the first kept), "
+         "not_retried (a beam search already, or one the limits could not search again).",
+         ("model", "kind", "outcome")),
     Spec("rejected", "counter", "mt_rejected_requests_total",
          "Requests refused before any work: queue_full, too_many_requests, too_large, not_ready, shutting_down.",
          ("reason",)),
@@ -109,6 +116,8 @@ class Metrics:
     input_tokens: Counter
     generated_tokens: Counter
     truncated: Counter
+    low_confidence: Counter
+    degenerate: Counter
     rejected: Counter
     deadline_expired: Counter
     cancelled: Counter

@@ -237,6 +237,25 @@ class Settings(BaseSettings):
     max_request_sentences: int = Field(512, ge=1, description="sentences in one request after splitting (413)")
     max_body_bytes: int = Field(1_000_000, ge=1, description="request body size (413)")
 
+    # -- confidence and guards ------------------------------------------------------------------
+    low_confidence: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="a translation whose confidence (/translate's `confidence`) is below this is low-confidence: "
+        "counted in mt_low_confidence_total, and in /translate_file marked for review whatever `fuzzy` says (a .po "
+        "entry fuzzy, an XLIFF unit's review state); 0: none is. With a calibrated model (its manifest's "
+        "`confidence`) a confidence is the chance that the translation is good on the dev set's measure: 0.5 "
+        "marks those more likely poor than good",
+    )
+    guards: bool = Field(
+        True,
+        description="check each sentence's translation for degenerate output (an n-gram repeated 4 times in a row, "
+        "a length below 0.25 or above 3 times the source's tokens, a copy of a source of 4 words or more): a "
+        "greedy one is searched again with 4 beams, and the beams' best kept where it passes; each one found is "
+        "counted in mt_degenerate_outputs_total",
+    )
+
     # -- language detection --------------------------------------------------------------------
     detect_languages: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -25,7 +25,7 @@ def client() -> TestClient:
 def test_the_folder_is_intact_and_int8_by_default() -> None:
     manifest = load_model_folder(DEFAULT).manifest  # checksums of every file
     assert manifest.default_variant == "int8" and set(manifest.variants) == {"fp32", "int8"}
-    assert manifest.format_version == 12 and manifest.variants["int8"].decoder_step_single is not None  # one row
+    assert manifest.format_version == 13 and manifest.variants["int8"].decoder_step_single is not None  # one row
     assert manifest.variants["int8"].decoder_step_dense is not None  # format 10: static batches
     assert {"ø", "ř", "ß", "é", "μ"} <= set(manifest.tokenizer.rare_letters)  # format 9: `model_export letters`
     assert manifest.variants["int8"].decoder_step.named("log_softmax")  # format 8: greedy steps may skip it
@@ -56,6 +56,18 @@ def test_it_is_what_a_plain_start_serves(client: TestClient) -> None:
     models = client.get("/v1/models").json()["models"]
     assert [(m["name"], m["variant"]) for m in models] == [("en-fr", "int8")]
     assert client.get("/languages").json()[0] == {"code": "en", "name": "English", "targets": ["fr"]}
+
+
+def test_its_confidence_is_calibrated(client: TestClient) -> None:
+    """Format 13: `model_export calibrate` fitted the confidence on the dev set; a good translation is confident,
+    a garbled source is not, and the card reports the fit the manifest holds."""
+    [card] = client.get("/v1/models").json()["models"]
+    confidence = card["confidence"]
+    assert confidence["calibrated"] and confidence["method"] == "platt" and confidence["fitted_on"]["split"] == "dev"
+    q = ["Open the file.", "Xqzv blorf wuggle snarp quib frozzle."]
+    good, garbled = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["confidence"]
+    assert good > 0.7 > garbled
+    assert f"sigmoid({confidence['a']:.4f} m + {confidence['b']:.4f})" in (DEFAULT / "README.md").read_text()
 
 
 @pytest.mark.parametrize(

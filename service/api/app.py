@@ -44,6 +44,7 @@ from service.errors import (
 )
 from service.files import formats
 from service.metrics import Metrics
+from service.model.folder import Calibration
 from service.scheduling.engine_process import EngineProcess
 from service.settings import Settings
 from service.text.detection import Detector
@@ -289,7 +290,17 @@ def model_card(translator: Translator, settings: Settings) -> dict[str, object]:
         "weight_bits": translator.folder.variant(translator.variant).weight_bits,  # int8 products' (format 11)
         # each sentence's steps score its shortlist's candidates only (MT_SHORTLIST), that many
         "shortlist": manifest.shortlist.candidates if settings.shortlist and manifest.shortlist else None,
+        # how /translate's `confidence` is computed: the manifest's calibration (format 13), or uncalibrated
+        "confidence": confidence_card(manifest.confidence),
         "warnings": translator.warnings,  # what to change for it to run as measured (translator.weight_bits_warnings)
         "config": manifest.config.model_dump(),
         "provenance": manifest.provenance,
     }
+
+
+def confidence_card(calibration: Calibration | None) -> dict[str, object]:
+    """/v1/models' word on a model's confidences: calibrated (its method, parameters, label and dev-set measures),
+    or the geometric mean of the tokens' probabilities, exp(mean log-probability), which no measure calibrated."""
+    if calibration is None:
+        return {"calibrated": False, "method": "exp(mean_token_logprob)"}
+    return {"calibrated": True, **calibration.model_dump()}

@@ -19,7 +19,7 @@ from service.api.schemas import GLOSSARY
 from service.api.state import State
 from service.api.translate import check_glossary, check_items, check_key
 from service.errors import InvalidRequest, NotFound, ServiceError, TooLarge
-from service.files import FileError, FileOptions, formats, source_texts, translate_file
+from service.files import FileError, FileOptions, Translated, formats, source_texts, translate_file
 from service.text.detection import auto_source
 from service.translation.bulk import translated_texts
 
@@ -68,6 +68,7 @@ async def translated_answer(
         max_bytes=settings.max_file_bytes,
         max_units=settings.max_file_units,
         fuzzy=flag(fields, "fuzzy", settings.file_fuzzy),
+        low_confidence=settings.low_confidence,
         only_untranslated=not flag(fields, "overwrite", False),
     )
     glossary = form_glossary(state, fields.get("glossary") or "")
@@ -83,7 +84,7 @@ async def translated_answer(
     state.check_queue_wait(translator)
     loop = asyncio.get_running_loop()
 
-    def translate(texts: list[str], fmt: str) -> list[str]:  # on a worker thread: the file's strings, all at once
+    def translate(texts: list[str], fmt: str) -> Translated:  # on a worker thread: the file's strings, all at once
         work = translated_texts(translator, texts, target, fmt == "html", settings, glossary)
         return asyncio.run_coroutine_threadsafe(work, loop).result()
 

@@ -105,6 +105,8 @@ class TranslateResponse(BaseModel):
     alternatives: list[str] | list[list[str]]
     detectedLanguage: DetectedLanguage | list[DetectedLanguage] | None = None  # noqa: N815 - a list for a list q
     scores: float | list[float] | None = None
+    # each text's confidence in [0, 1] (GET /v1/models says how it is computed); LibreTranslate clients ignore it
+    confidence: float | list[float]
     usage: Usage
 
 

@@ -240,7 +240,7 @@ def translate_options(settings: Settings, body: TranslateRequest) -> TranslateOp
         max_length=body.max_length,
         html=body.format == "html",
         timeout=body.timeout,
-        return_scores=body.return_scores,  # else greedy steps may skip the log-softmax
+        return_scores=body.return_scores,
     )
 
 
@@ -259,11 +259,13 @@ def translate_response(
     """The answer: one value per field for a string `q`, a list for a list; `detected`: each text's language when
     the source was "auto"."""
     single = isinstance(body.q, str)
+    confidences = [round(c, 4) for c in result.confidences]
     return TranslateResponse(
         translatedText=result.texts[0] if single else result.texts,
         alternatives=result.alternatives[0] if single else result.alternatives,
         detectedLanguage=(detected[0] if single else detected) if detected is not None else None,
         scores=(result.scores[0] if single else result.scores) if body.return_scores else None,
+        confidence=confidences[0] if single else confidences,
         usage=Usage(
             input_tokens=result.input_tokens,
             output_tokens=result.output_tokens,

@@ -6,10 +6,20 @@ from service.files.formats import (
     FileError,
     FileOptions,
     Translate,
+    Translated,
     TranslatedFile,
     formats,
     source_texts,
     translate_file,
 )
 
-__all__ = ["FileError", "FileOptions", "Translate", "TranslatedFile", "formats", "source_texts", "translate_file"]
+__all__ = [
+    "FileError",
+    "FileOptions",
+    "Translate",
+    "Translated",
+    "TranslatedFile",
+    "formats",
+    "source_texts",
+    "translate_file",
+]

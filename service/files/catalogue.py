@@ -39,6 +39,7 @@ class FileOptions:
     max_bytes: int = 10_000_000
     max_units: int = 20_000
     fuzzy: bool = True  # mark machine translations as needing review where the format can
+    low_confidence: float = 0.0  # ... and those of a confidence below this whatever `fuzzy` says (0: none)
     only_untranslated: bool = True  # False: translate the translated entries again
 
 
@@ -50,6 +51,14 @@ class Item:
     sources: list[Segment]
     at: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    confidence: float | None = None  # its translations' least confidence, where the translator gave them
+
+
+def needs_review(item: Item, options: FileOptions) -> bool:
+    """Whether the item's translation is to be marked for review: all are with `fuzzy`, and a low-confidence one
+    (below `low_confidence`) is even without."""
+    low = item.confidence is not None and item.confidence < options.low_confidence
+    return options.fuzzy or low
 
 
 class Catalogue(Protocol):

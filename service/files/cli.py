@@ -19,10 +19,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from service.arguments import description_of
+from service.arguments import description_of, fraction
 from service.errors import ServiceError
 from service.files.catalogue import FileError, FileOptions
-from service.files.formats import Translate, formats, translate_file
+from service.files.formats import Translate, Translated, formats, translate_file
 
 SERVER_CHUNK = 64  # strings in one POST /translate
 EXIT_FAILED = 1
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"error: --glossary {args.glossary}: {error}", file=sys.stderr)
         return EXIT_FAILED
-    options = FileOptions(fuzzy=args.fuzzy, only_untranslated=not args.overwrite)
+    options = FileOptions(fuzzy=args.fuzzy, low_confidence=args.low_confidence, only_untranslated=not args.overwrite)
     try:
         translate = _through_server(args) if args.server else _in_process(args)
     except ServiceError as error:  # settings or model folders the models cannot be served with
@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="write here (a folder for several files) instead of in place")
     parser.add_argument("--fuzzy", action=argparse.BooleanOptionalAction, default=True,
                         help="mark machine translations for review where the format can (default: yes)")
+    parser.add_argument("--low-confidence", type=fraction, default=0.0,
+                        help="also mark for review, even with --no-fuzzy, translations of a confidence below this "
+                        "(the server's MT_LOW_CONFIDENCE; default 0: none)")
     parser.add_argument("--overwrite", action="store_true", help="translate entries that are already translated")
     parser.add_argument("--quiet", action="store_true", help="no progress, errors only")
     return parser
@@ -136,8 +139,9 @@ def _destination(path: Path, name: str, args: argparse.Namespace) -> Path:
 def _through_server(args: argparse.Namespace) -> Translate:
     url = args.server.rstrip("/") + "/translate"
 
-    def translate(texts: list[str], fmt: str) -> list[str]:
+    def translate(texts: list[str], fmt: str) -> list[str] | Translated:
         out: list[str] = []
+        confidences: list[float] = []
         for start in range(0, len(texts), SERVER_CHUNK):
             body = {"q": texts[start : start + SERVER_CHUNK], "source": args.source, "target": args.target,
                     "format": fmt}
@@ -145,8 +149,10 @@ def _through_server(args: argparse.Namespace) -> Translate:
                 body["api_key"] = args.api_key
             if args.terms:
                 body["glossary"] = args.terms
-            out += _posted(url, body)["translatedText"]
-        return out
+            answer = _posted(url, body)
+            out += answer["translatedText"]
+            confidences += answer.get("confidence") or []  # a server without confidences sends none
+        return Translated(out, confidences) if len(confidences) == len(out) else out
 
     return translate
 
@@ -190,7 +196,7 @@ def _in_process(args: argparse.Namespace) -> Translate:
         translator.scheduler.start()
     atexit.register(lambda: [translator.scheduler.stop(5.0) for translator in translators])
 
-    def translate(texts: list[str], fmt: str) -> list[str]:
+    def translate(texts: list[str], fmt: str) -> Translated:
         source = args.source
         if source == "auto":
             sample = ["\n".join(Segment("").text(text) for text in texts[:200])]

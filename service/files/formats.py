@@ -29,9 +29,18 @@ HANDLERS = (
 )
 
 
+@dataclass(frozen=True)
+class Translated:
+    """The translations of `Translate`, one a text, in order, with each one's confidence in [0, 1]."""
+
+    texts: list[str]
+    confidences: list[float]
+
+
 class Translate(Protocol):
-    def __call__(self, texts: list[str], fmt: str) -> list[str]:
-        """One translation a text, in order; `fmt` "html": each text is markup (segments.py)."""
+    def __call__(self, texts: list[str], fmt: str) -> list[str] | Translated:
+        """One translation a text, in order, with their confidences where the translator gives them (a plain list:
+        none, as from a server that sends none); `fmt` "html": each text is markup (segments.py)."""
         ...
 
 
@@ -83,11 +92,15 @@ def translate_file(
     an error of `translate` goes to the caller as it is."""
     handler, catalogue = _read(data, filename, target, options)
     segments = [segment for item in catalogue.items for segment in item.sources]
-    translations = translate([segment.markup for segment in segments], "html") if segments else []
-    if len(translations) != len(segments):
-        raise RuntimeError(f"{len(translations)} translations for {len(segments)} strings")
+    answer = translate([segment.markup for segment in segments], "html") if segments else []
+    translations, confidences = (answer.texts, answer.confidences) if isinstance(answer, Translated) else (answer, [])
+    if len(translations) != len(segments) or len(confidences) not in (0, len(segments)):
+        given = f"{len(translations)} translations and {len(confidences)} confidences"
+        raise RuntimeError(f"{given} for {len(segments)} strings")
     at = 0
     for item in catalogue.items:
+        if confidences:  # a plural's: its least sure form's
+            item.confidence = min(confidences[at : at + len(item.sources)])
         catalogue.put(item, translations[at : at + len(item.sources)])
         at += len(item.sources)
     output = catalogue.dump()

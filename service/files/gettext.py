@@ -1,7 +1,8 @@
 """gettext catalogues (.po, .pot) through translate-toolkit: msgctxt, comments, references and flags kept; each
 untranslated entry filled, a plural with as many forms as the target's Plural-Forms asks (its header's, or
 translate-toolkit's table for the language); the header says the language and this generator; new translations
-marked fuzzy unless told not to; obsolete entries left as they are."""
+marked fuzzy unless told not to (and a low-confidence one even then), each with a translator comment that gives its
+confidence; obsolete entries left as they are."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from translate.lang import data as languages
 from translate.misc.multistring import multistring
 from translate.storage import pypo
 
-from service.files.catalogue import FileError, FileOptions, Item
+from service.files.catalogue import FileError, FileOptions, Item, needs_review
 from service.files.segments import Segment
 
 GENERATOR = "transformer-mt-server"
+CONFIDENCE_COMMENT = "# machine translation, confidence "  # a translator comment, replaced when translated again
 
 
 class Gettext:
@@ -49,8 +51,11 @@ class Gettext:
             unit.target = multistring([singular] + [plural] * (self.nplurals - 1) if self.nplurals > 1 else [singular])
         else:
             unit.target = texts[0]
-        if self.options.fuzzy:
+        if needs_review(item, self.options):
             unit.markfuzzy(True)
+        if item.confidence is not None:
+            kept = [line for line in unit.othercomments if not line.startswith(CONFIDENCE_COMMENT)]
+            unit.othercomments = [*kept, f"{CONFIDENCE_COMMENT}{item.confidence:.2f}\n"]
 
     @staticmethod
     def output_name(filename: str, target: str) -> str:

@@ -3,7 +3,10 @@ already translated, and those marked translate="no", left alone; inline elements
 <x/>, <bx/>, <ex/>, <ph>, <bpt>, <ept>, <it> kept whole; 2.0: <pc>, <mrk> around words, <ph/>, <sc/>, <ec/>, <cp/>
 kept whole) where the translation puts them. A machine translation is marked for review: 1.2's target
 state="needs-review-translation" state-qualifier="mt-suggestion", 2.0's segment state="translated"
-subState="mt:machine-translated"; with fuzzy off, "translated" alone."""
+subState="mt:machine-translated"; with fuzzy off, "translated" alone, except for a low-confidence one (1.2:
+"needs-review-translation", 2.0: "initial", its first state, the one before a translation is taken). Its confidence,
+where the translator gave one, goes in a note on its target (1.2: the unit's <note from="mt-confidence"
+annotates="target">, 2.0: the unit's <notes>, <note category="mt-confidence" appliesTo="target">)."""
 
 from __future__ import annotations
 
@@ -11,13 +14,14 @@ from typing import Any
 
 from lxml import etree
 
-from service.files.catalogue import FileError, FileOptions, Item
+from service.files.catalogue import FileError, FileOptions, Item, needs_review
 from service.files.segments import fill_element, of_element
 from service.files.xml import local, parsed, serialised
 
 XLIFF_1, XLIFF_2 = "urn:oasis:names:tc:xliff:document:1.2", "urn:oasis:names:tc:xliff:document:2.0"
 PAIRED = frozenset({"g", "mrk", "pc"})  # inline elements whose content is text to translate
 UNTRANSLATED_STATES = frozenset({"new", "needs-translation", "initial"})
+CONFIDENCE_NOTE = "mt-confidence"  # the note's `from` (1.2) or `category` (2.0)
 
 
 class Xliff:
@@ -76,20 +80,53 @@ class Xliff:
             target.tail = source.tail
         fill_element(target, item.sources[0], translations[0])
         if self.namespace == XLIFF_1:
-            target.set("state", "needs-review-translation" if self.options.fuzzy else "translated")
+            target.set("state", "needs-review-translation" if needs_review(item, self.options) else "translated")
             if self.options.fuzzy:
                 target.set("state-qualifier", "mt-suggestion")
             else:
                 target.attrib.pop("state-qualifier", None)
         else:
-            holder.set("state", "translated")
+            holder.set("state", "initial" if self._low(item) else "translated")
             if self.options.fuzzy:
                 holder.set("subState", "mt:machine-translated")
             else:
                 holder.attrib.pop("subState", None)
+        if item.confidence is not None:
+            self._note(holder, f"{item.confidence:.2f}")
+
+    def _low(self, item: Item) -> bool:
+        return item.confidence is not None and item.confidence < self.options.low_confidence
+
+    def _note(self, holder: Any, confidence: str) -> None:
+        """The confidence note of the unit (1.2) or of the segment's unit (2.0), replaced when translated again."""
+        if self.namespace == XLIFF_1:
+            for old in holder.findall(self._q("note")):
+                if old.get("from") == CONFIDENCE_NOTE:
+                    holder.remove(old)
+            note = etree.SubElement(holder, self._q("note"), {"from": CONFIDENCE_NOTE, "annotates": "target"})
+            note.text = confidence
+            return
+        unit, segment_id = holder.getparent(), holder.get("id")
+        notes = unit.find(self._q("notes"))
+        if notes is None:
+            notes = etree.Element(self._q("notes"))
+            later = ("originalData", "segment", "ignorable")  # what follows <notes> in a unit
+            first = next((i for i, child in enumerate(unit) if local(child) in later), len(unit))
+            unit.insert(first, notes)
+        for old in notes.findall(self._q("note")):
+            if old.get("category") == CONFIDENCE_NOTE and old.get("id") == _note_id(segment_id):
+                notes.remove(old)
+        note = etree.SubElement(notes, self._q("note"), {"category": CONFIDENCE_NOTE, "appliesTo": "target"})
+        if segment_id:
+            note.set("id", _note_id(segment_id))
+        note.text = confidence
 
     def dump(self) -> bytes:
         return serialised(self.root)
+
+
+def _note_id(segment_id: str | None) -> str | None:
+    return f"{CONFIDENCE_NOTE}-{segment_id}" if segment_id else None
 
 
 def _paired(element: Any) -> bool:

@@ -11,6 +11,7 @@ from service.model.folder import (
     OLDEST_FORMAT_VERSION,
     SHORTLIST_FEWEST,
     Architecture,
+    Calibration,
     GraphSpec,
     Manifest,
     ModelFolder,
@@ -19,7 +20,9 @@ from service.model.folder import (
     TokenizerSpec,
     VariantSpec,
     load_model_folder,
+    platt,
     sha256_of,
+    uncalibrated,
 )
 from service.model.tokenizer import Tokenizer
 
@@ -31,6 +34,7 @@ __all__ = [
     "OLDEST_FORMAT_VERSION",
     "SHORTLIST_FEWEST",
     "Architecture",
+    "Calibration",
     "GraphSpec",
     "Manifest",
     "ModelFolder",
@@ -41,5 +45,7 @@ __all__ = [
     "TokenizerSpec",
     "VariantSpec",
     "load_model_folder",
+    "platt",
     "sha256_of",
+    "uncalibrated",
 ]

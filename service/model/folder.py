@@ -1,13 +1,15 @@
 """Reads and checks a model folder: its manifest (the only contract with model_export), the
 checksums of its files, and that each graph's inputs and outputs are those the manifest declares.
 
-Knows the folder layout and the manifest schema; knows nothing of sessions, requests or text.
+Knows the folder layout and the manifest schema, and how the manifest's calibration turns a translation's mean
+token log-probability into a confidence; knows nothing of sessions, requests or text.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +35,13 @@ FORMAT = "transformer-mt-model"
 # bits its products' weights take (`weight_bits`: 7 from `quantize` since this format; none said: 8; engine/cpu.py).
 # 12: a variant may say its graphs are batch-invariant (`batch_invariant`: a row's numbers depend on that row alone:
 # int8 activations quantized row by row, the step graph's cross-attention in plain operators; none said: not).
-# A folder of format 12 may also hold a vocabulary shortlist (`shortlist`, optional) and, per variant, the step graph
-# that scores each row's candidates only (`decoder_step_shortlist`, optional; model_export/shortlist.py).
+# 13: the manifest may say how to turn a translation's mean token log-probability into a calibrated confidence
+# (`confidence`, optional; model_export calibrate; none said: exp of the mean log-probability, uncalibrated), and may
+# hold a vocabulary shortlist (`shortlist`, optional) with, per variant, the step graph that scores each row's
+# candidates only (`decoder_step_shortlist`, optional; model_export/shortlist.py).
 # model_export writes FORMAT_VERSION (graph_io); the server reads every format from OLDEST_FORMAT_VERSION on
 # (service/engine/runtime.py: step_candidates, OnnxRuntime).
-FORMAT_VERSION = 12
+FORMAT_VERSION = 13
 OLDEST_FORMAT_VERSION = 3
 # a variant's graphs, as VariantSpec's fields: the encoder and the step graph, then the optional ragged (format 5),
 # one-row (format 6), dense (format 10) and shortlist step graphs
@@ -184,6 +188,36 @@ class FileEntry(_Strict):
     bytes: int
 
 
+class Calibration(_Strict):
+    """Format 13: a Platt sigmoid over a translation's mean token log-probability m (its log-probability over its
+    tokens, EOS included): confidence = 1 / (1 + exp(-(a * m + b))), the probability that the translation meets
+    `label` (`model_export calibrate` fits a and b on the dev set and writes `fitted_on`, its measures there)."""
+
+    method: Literal["platt"]
+    feature: Literal["mean_token_logprob"]
+    a: float
+    b: float
+    label: str
+    fitted_on: dict[str, Any] = {}
+
+    def confidence(self, mean_log_prob: float) -> float:
+        return platt(mean_log_prob, self.a, self.b)
+
+
+def platt(m: float, a: float, b: float) -> float:
+    """1 / (1 + exp(-(a m + b))), without overflow at either end."""
+    z = a * m + b
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+def uncalibrated(mean_log_prob: float) -> float:
+    """A folder without calibration: the geometric mean of its tokens' probabilities, exp(m), in [0, 1]."""
+    return math.exp(min(0.0, mean_log_prob))
+
+
 class Manifest(_Strict):
     format: Literal["transformer-mt-model"]
     format_version: int
@@ -200,6 +234,7 @@ class Manifest(_Strict):
     files: dict[str, FileEntry]
     provenance: dict[str, Any]
     shortlist: ShortlistSpec | None = None
+    confidence: Calibration | None = None  # format 13
 
     @field_validator("format_version", mode="before")
     @classmethod
@@ -220,6 +255,8 @@ class Manifest(_Strict):
                 f"format_version {self.format_version} is newer than {FORMAT_VERSION}, the one this server reads: "
                 "run a server as new as the model_export that wrote the folder"
             )
+        if self.confidence is not None and self.format_version < 13:
+            raise ValueError(f"confidence is a field of format 13, not of format_version {self.format_version}")
         if self.default_variant not in self.variants:
             raise ValueError(f"default_variant {self.default_variant!r} is not among variants {sorted(self.variants)}")
         cfg, ids = self.config, self.special_ids
@@ -245,6 +282,13 @@ class Manifest(_Strict):
                     f"variant {name!r}: decoder_step_shortlist's candidate_ids axis is {axis}, the shortlist's "
                     f"candidates {self.shortlist.candidates}"
                 )
+
+    def confidence_of(self, mean_log_prob: float) -> float:
+        """A translation's confidence in [0, 1] from its mean token log-probability: the calibration's, or
+        uncalibrated (exp of it) for a folder without one."""
+        if self.confidence is None:
+            return uncalibrated(mean_log_prob)
+        return self.confidence.confidence(mean_log_prob)
 
     def referenced_files(self) -> list[str]:
         tok = self.tokenizer

@@ -1,6 +1,6 @@
 """One served model and the text path around it: clean -> split into sentences -> token ids ->
-scheduler -> ids -> text -> rejoin in order. Also the set of loaded models and how a request's
-languages and model name select one. Knows languages and options; knows nothing of HTTP.
+scheduler -> ids -> guards (a degenerate greedy sentence searched again with beams) -> text -> rejoin in order,
+with each text's confidence. Knows languages and options; knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar
 
 from service.engine.batches import TokenRules, ends
 from service.engine.decoding import Hypothesis, SearchOptions, output_cap
+from service.engine.guards import GuardLimits, degenerate
 from service.engine.runtime import Runtime, step_candidates
 from service.engine.sessions import (
     batch_variance_warnings,
@@ -52,6 +53,8 @@ DEADLINE_GRACE_SECONDS = 5.0  # past a request's deadline, when the scheduler sh
 # returning a hypothesis: the default model's greedy search lost one in 8 of 158 test sentences with a name masked,
 # and 5 of those 8 had a hypothesis among 4 beams that kept it (4 of 8 among 8)
 RESCUE_BEAM = 4
+# A greedy sentence whose translation the guards find degenerate (MT_GUARDS) is searched again with this many beams
+RETRY_BEAM = 4
 
 
 async def off_loop(inline: bool, function: Callable[..., T], *args: Any) -> T:
@@ -66,7 +69,7 @@ class TranslateOptions:
     max_length: int | None = None  # generated tokens per sentence; None: the server's cap
     html: bool = False
     timeout: float | None = None  # seconds; None: the server's request timeout
-    return_scores: bool = False  # as the API's: greedy sentences' scores not computed (Translation.scores NaN)
+    return_scores: bool = False  # as the API's: whether the answer shows Translation.scores
     glossary: Glossary | None = None  # terms given to the model as placeholders, put back as their translations
 
 
@@ -80,6 +83,8 @@ class Translation:
     queue_seconds: float
     seconds: float
     truncated_sentences: int = 0  # sentences whose best translation stopped at the length cap, without EOS
+    # per input text, in [0, 1]: its sentences' confidences (Manifest.confidence_of), weighted by their tokens
+    confidences: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +93,14 @@ class Prepared:
     jobs: list[list[int]]  # source ids per sentence, documents concatenated
     options: list[SearchOptions]
     masks: list[Masked]  # per sentence, what the model read of it: its placeholders and the runs they stand for
+
+
+@dataclass
+class Retried:
+    """What the guards' retries decoded: their jobs' source ids and each one's best hypothesis."""
+
+    jobs: list[list[int]]
+    best: list[Hypothesis]
 
 
 class Translator:
@@ -113,6 +126,7 @@ class Translator:
         self.rules = TokenRules(ids.decoder_start, ids.eos, ids.pad)
         self.max_source_tokens = min(settings.max_sentence_tokens, manifest.config.max_positions)
         self.max_output_tokens = min(settings.max_output_tokens, manifest.config.max_positions)  # positions it has
+        self.guard_limits = GuardLimits() if settings.guards else None
         self.variant = chosen_variant(folder, settings)  # MT_VARIANT, or as the providers make it
         check_batch_invariant(folder, self.variant, settings)
         most = step_candidates(folder, folder.variant(self.variant)).most  # candidates per row, at most
@@ -229,7 +243,7 @@ class Translator:
             self.output_cap(src_len, options.max_length),
             options.length_penalty,
             options.alternatives + 1,
-            scored=options.return_scores,
+            scored=True,  # every sentence's log-probability: its confidence
         )
         if not self.scheduler.fits(search, src_len):
             raise TooLarge(
@@ -245,9 +259,12 @@ class Translator:
         inline = sum(len(t) for t in texts) <= (INLINE_HTML_CHARS if options.html else INLINE_CHARS)
         prepared = await off_loop(inline, self.prepare, texts, target, options)
         hypotheses, ticket = await self._translated(prepared, target, options, started, inline)
+        searched = [h[0] for h in hypotheses]  # as decoded: the usage counts the guards' retries besides them
+        retried = await self._guarded(prepared, hypotheses, target, options, started, inline)
         decoded = await off_loop(inline, self._decoded, prepared, hypotheses)
         placed: list[dict[int, str]] = [{} for _ in prepared.documents]
-        jobs, results = prepared.jobs, hypotheses  # both passes', for the usage
+        jobs, results = prepared.jobs + retried.jobs, searched + retried.best  # every pass's, for the usage
+        final = [h[0] for h in hypotheses]  # the translations, for the truncated ones
         if options.html and any(doc.tagged for doc in prepared.documents):  # inline elements (text.inline.Tagged)
             pieces, places = await off_loop(inline, self._unplaced, prepared, decoded, target, options)
             if pieces.jobs:  # kept elements with no place in their sentence's translation: its pieces around them
@@ -256,19 +273,24 @@ class Translator:
                 for d, i, first in places:
                     tagged = prepared.documents[d].tagged[i]
                     placed[d][i] = tagged.pieces.join([a[0] for a in answers[first:][: len(tagged.pieces.sentences)]])
-                jobs, results = jobs + pieces.jobs, hypotheses + more
-        texts, alternatives, scores = await off_loop(
+                pieces_best = [h[0] for h in more]
+                jobs, results, final = jobs + pieces.jobs, results + pieces_best, final + pieces_best
+        texts, alternatives, scores, confidences = await off_loop(
             inline, self._assemble, prepared, hypotheses, decoded, placed, options
         )
+        if self.settings.low_confidence > 0:
+            low = sum(c < self.settings.low_confidence for c in confidences)
+            self.metrics.low_confidence.labels(self.name).inc(low)
         return Translation(
             texts,
             alternatives,
             scores,
             input_tokens=sum(len(ids) for ids in jobs),
-            output_tokens=sum(len(h[0].tokens) for h in results),
+            output_tokens=sum(len(h.tokens) for h in results),
             queue_seconds=ticket.queue_seconds,
             seconds=time.monotonic() - started,
-            truncated_sentences=sum(not ends(h[0], self.rules) for h in results),
+            truncated_sentences=sum(not ends(h, self.rules) for h in final),
+            confidences=confidences,
         )
 
     async def _translated(
@@ -292,6 +314,72 @@ class Translator:
                     hypotheses[i] = rerun.results[k] or []
                     prepared.masks[i], prepared.jobs[i] = again.masks[k], again.jobs[k]
         return hypotheses, ticket
+
+    async def _guarded(
+        self,
+        prepared: Prepared,
+        hypotheses: list[list[Hypothesis]],
+        target: str,
+        options: TranslateOptions,
+        started: float,
+        inline: bool,
+    ) -> Retried:
+        """Each sentence's best hypothesis through the guards (MT_GUARDS, service/engine/guards.py). A degenerate
+        greedy one is searched again with RETRY_BEAM beams, its retry a function of the sentence alone, and takes the
+        beams' best where the guards pass it (and it gives its placeholders back); each one found is counted.
+        Returns what the retries decoded, for the usage."""
+        found = await off_loop(inline, self._degenerate, prepared, hypotheses, target)
+        if not found:
+            return Retried([], [])
+        again, retried = await off_loop(inline, self._retries, prepared, found, options)
+        fixed: set[int] = set()
+        best: list[Hypothesis] = []
+        if again.jobs:
+            rerun = await self._run(again, options, started)
+            best = [r[0] for r in rerun.results if r]
+            for k, i in enumerate(retried):
+                results = self._restoring(prepared.masks[i], rerun.results[k] or [], 1)
+                if results and self._kind(prepared, i, results[0], target) is None:
+                    hypotheses[i] = results
+                    fixed.add(i)
+        for i, kind in found.items():
+            outcome = "retried_fixed" if i in fixed else "retried_kept" if i in retried else "not_retried"
+            self.metrics.degenerate.labels(self.name, kind, outcome).inc()
+        return Retried(again.jobs, best)
+
+    def _degenerate(self, prepared: Prepared, hypotheses: list[list[Hypothesis]], target: str) -> dict[int, str]:
+        """The sentences whose best hypothesis a guard finds degenerate, and what it found; none without MT_GUARDS."""
+        if self.guard_limits is None:
+            return {}
+        kinds = {i: self._kind(prepared, i, results[0], target) for i, results in enumerate(hypotheses) if results}
+        return {i: kind for i, kind in kinds.items() if kind is not None}
+
+    def _kind(self, prepared: Prepared, i: int, hypothesis: Hypothesis, target: str) -> str | None:
+        """What a guard finds in sentence i's hypothesis; a copy is none into the source's own language."""
+        copy = target != self.source_language
+        texts = (prepared.masks[i].text, self.tokenizer.decode(hypothesis.tokens)) if copy else None
+        ended, limits = ends(hypothesis, self.rules), self.guard_limits or GuardLimits()
+        return degenerate(prepared.jobs[i], hypothesis.tokens, ended, texts, limits)
+
+    def _retries(
+        self, prepared: Prepared, found: dict[int, str], options: TranslateOptions
+    ) -> tuple[Prepared, list[int]]:
+        """The degenerate greedy sentences as jobs of RETRY_BEAM beams (where the beam limit and the batch limits
+        allow), and the sentence each job is."""
+        beams = replace(options, beam_size=min(RETRY_BEAM, self.max_beam), alternatives=0)
+        again, retried = Prepared([], [], [], []), []
+        for i in found:
+            if prepared.options[i].beam_size > 1 or beams.beam_size <= 1:
+                continue
+            try:
+                search = self.search_options(len(prepared.jobs[i]), beams)
+            except (InvalidRequest, TooLarge):
+                continue
+            again.jobs.append(prepared.jobs[i])
+            again.options.append(search)
+            again.masks.append(prepared.masks[i])
+            retried.append(i)
+        return again, retried
 
     async def _run(self, prepared: Prepared, options: TranslateOptions, started: float) -> Ticket:
         loop = asyncio.get_running_loop()
@@ -408,13 +496,15 @@ class Translator:
         decoded: list[list[str]],
         placed: list[dict[int, str]],
         options: TranslateOptions,
-    ) -> tuple[list[str], list[list[str]], list[float]]:
+    ) -> tuple[list[str], list[list[str]], list[float], list[float]]:
         """Per document: its sentences' best translations joined; alternative k joins each sentence's k-th (a
-        sentence's best where its k-th has no place for its kept elements)."""
-        texts, alternatives, scores, offset = [], [], [], 0
+        sentence's best where its k-th has no place for its kept elements); its score and its confidence."""
+        texts, alternatives, scores, confidences, offset = [], [], [], [], 0
         for d, doc in enumerate(prepared.documents):
             mine = decoded[offset : offset + len(doc.texts)]
-            shown = [h[0].score for h in hypotheses[offset : offset + len(doc.sentences)]]  # not pieces', attributes'
+            best_of = [h[0] for h in hypotheses[offset : offset + len(doc.sentences)]]  # not pieces', attributes'
+            shown = [h.score for h in best_of]
+            confidences.append(self.confidence(best_of))
             offset += len(doc.texts)
             best = [answers[0] for answers in mine]
             texts.append(doc.join(best, placed[d]))
@@ -426,7 +516,17 @@ class Translator:
                 [doc.join([a[min(k, len(a) - 1)] for a in mine], kept) for k in range(1, options.alternatives + 1)]
             )
             scores.append(sum(shown) / len(shown) if shown else 0.0)
-        return texts, alternatives, scores
+        return texts, alternatives, scores, confidences
+
+    def confidence(self, best: list[Hypothesis]) -> float:
+        """A text's confidence from its sentences' best hypotheses: each sentence's (the manifest's calibration of
+        its mean token log-probability), weighted by its tokens; 1.0 for a text the model read none of (no letter:
+        kept as it is)."""
+        manifest, tokens = self.folder.manifest, sum(len(h.tokens) for h in best)
+        if not tokens:
+            return 1.0
+        weighted = (len(h.tokens) * manifest.confidence_of(h.log_prob / len(h.tokens)) for h in best if h.tokens)
+        return sum(weighted) / tokens
 
 
 

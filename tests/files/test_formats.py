@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lxml import etree
 from translate.storage import properties, pypo
 
-from service.files import FileError, FileOptions, formats, source_texts, translate_file
+from service.files import FileError, FileOptions, Translated, formats, source_texts, translate_file
 
 _OPAQUE = re.compile(r"(<code>.*?</code>|<[^>]*>|&[a-z]+;|&#\d+;)", re.DOTALL)
 
@@ -727,3 +727,53 @@ def test_docx_runs_and_hyperlinks_read_and_written_back_unchanged(runs: list[tup
     result = translate_file(data, "a.docx", "fr", same, FileOptions())
     paragraph = etree.fromstring(entries(result.data)["word/document.xml"]).find(f".//{{{w}}}p")
     assert word_chars(paragraph) == word_chars(source)
+
+
+def sure_of_short(texts: list[str], fmt: str) -> Translated:
+    """`loud`, with a confidence of 0.9 for a string of under 12 characters and 0.2 for a longer one."""
+    return Translated(loud(texts, fmt), [0.9 if len(text) < 12 else 0.2 for text in texts])
+
+
+def test_gettext_marks_low_confidence_entries_fuzzy_and_gives_each_its_confidence() -> None:
+    """fuzzy off: only the entries below low_confidence are fuzzy (a plural by its least confident form), each
+    entry with a translator comment of its confidence, replaced (not added to) when it is translated again."""
+    options = FileOptions(fuzzy=False, low_confidence=0.5)
+    result = translate_file(PO, "app.po", "fr", sure_of_short, options)
+    units = {u.getid(): u for u in pypo.pofile.parsestring(result.data).units if not u.isheader()}
+    opened, files = units["menu\x04Open %s in %(app)s"], units["One file"]
+    assert opened.isfuzzy() and files.isfuzzy()  # a plural by its least sure form: "<code>%d</code> files", 0.2
+    assert "# machine translation, confidence 0.20\n" in opened.othercomments
+    overwrite = FileOptions(fuzzy=False, only_untranslated=False)
+    again = translate_file(result.data, "app.po", "fr", sure_of_short, overwrite)
+    units = {u.getid(): u for u in pypo.pofile.parsestring(again.data).units if not u.isheader()}
+    comments = [c for c in units["Done"].othercomments if c.startswith("# machine translation")]
+    assert comments == ["# machine translation, confidence 0.90\n"] and not units["Done"].isfuzzy()
+    assert [c for c in units["menu\x04Open %s in %(app)s"].othercomments if "confidence" in c] == [
+        "# machine translation, confidence 0.20\n"
+    ]
+
+
+def test_xliff_marks_low_confidence_units_for_review_with_their_confidence_in_a_note() -> None:
+    """fuzzy off: 1.2 needs-review-translation and 2.0 initial for a unit below low_confidence; the confidence in
+    a note on the target (1.2: in the unit; 2.0: in the unit's <notes>, before its segments), replaced when the file
+    is translated again; a confident unit translated, its note given too."""
+    options = FileOptions(fuzzy=False, low_confidence=0.5)
+    ns1 = {"x": "urn:oasis:names:tc:xliff:document:1.2"}
+    root = etree.fromstring(translate_file(XLIFF_12, "app.xlf", "fr", sure_of_short, options).data)
+    save = root.find(".//x:trans-unit[@id='save']", ns1)  # "Save <g>the file</g> <x/>": a long markup string
+    assert save.find("x:target", ns1).get("state") == "needs-review-translation"
+    assert save.find("x:target", ns1).get("state-qualifier") is None
+    [note] = save.findall("x:note[@from='mt-confidence']", ns1)
+    assert note.text == "0.20" and note.get("annotates") == "target"
+    ns2 = {"x": "urn:oasis:names:tc:xliff:document:2.0"}
+    once = translate_file(XLIFF_20, "app.xliff", "fr", sure_of_short, options).data
+    overwrite = FileOptions(low_confidence=0.5, only_untranslated=False)
+    twice = translate_file(once, "app.xliff", "fr", sure_of_short, overwrite).data
+    for data in (once, twice):
+        unit = etree.fromstring(data).find(".//x:unit[@id='u1']", ns2)
+        assert unit.find("x:segment", ns2).get("state") == "initial"
+        assert etree.QName(unit[0]).localname == "notes"  # before the segments, as 2.0's schema orders them
+        [note] = unit.findall("x:notes/x:note[@category='mt-confidence']", ns2)
+        assert note.text == "0.20" and note.get("appliesTo") == "target"
+    yes = etree.fromstring(twice).find(".//x:unit[@id='u2']", ns2)
+    assert yes.find("x:segment", ns2).get("state") == "translated" and yes.find("x:notes/x:note", ns2).text == "0.90"

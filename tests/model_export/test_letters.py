@@ -70,7 +70,7 @@ def test_letters_lists_them_in_the_manifest(
     held = "held fewer than 2 times and less often than 0.5 of the characters"
     assert f"{len(expected)} rare letters: {expected} ({held} in {sources})" in out
     manifest = load_model_folder(folder).manifest
-    assert manifest.tokenizer.rare_letters == expected and manifest.format_version == FORMAT_VERSION == 12
+    assert manifest.tokenizer.rare_letters == expected and manifest.format_version == FORMAT_VERSION == 13
     record = {"sources": str(sources), "lines": 4, "fewer_than": 2, "share": 0.5}
     assert manifest.provenance["rare_letters"] == record
     tokenizer = Tokenizer.from_folder(load_model_folder(folder))

@@ -35,6 +35,13 @@ def client(model_dir: Path) -> Iterator[TestClient]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def unguarded(model_dir: Path) -> Iterator[TestClient]:
+    """MT_GUARDS off: a request's usage is its sentences' alone, without the random model's loops searched again."""
+    with TestClient(create_app(settings_for(model_dir, guards=False))) as c:
+        yield c
+
+
 def solo(model_dir: Path, text: str, beam_size: int = 1) -> str:
     """The sentence translated alone, outside the server: tokenizer + the plain decoding loop."""
     folder = load_model_folder(model_dir)
@@ -97,7 +104,7 @@ def test_sentences_a_length_cap_stopped_are_counted(model_dir: Path) -> None:
     eos = load_model_folder(model_dir).manifest.special_ids.eos
     expected = {n: sum(solo_ids(model_dir, s, max_length=n)[-1] != eos for s in sentences) for n in (1, 2, 256)}
     assert expected[1] == 4 and expected[256] == 1  # every one stopped at 1 token, the first alone at 256
-    with TestClient(create_app(settings_for(model_dir))) as c:
+    with TestClient(create_app(settings_for(model_dir, guards=False))) as c:  # no loop searched again with beams
         for max_length, truncated in expected.items():
             body = {"q": texts, "source": "en", "target": "fr", "max_length": max_length}
             assert c.post("/translate", json=body).json()["usage"]["truncated_sentences"] == truncated, max_length
@@ -135,11 +142,11 @@ def test_paragraphs_and_sentences_are_kept_in_order(client: TestClient, model_di
     assert body["translatedText"] == expected
 
 
-def test_html_code_inside_a_sentence_comes_back_as_written(client: TestClient, model_dir: Path) -> None:
+def test_html_code_inside_a_sentence_comes_back_as_written(unguarded: TestClient, model_dir: Path) -> None:
     """The sentence goes to the model with a placeholder for the element; the tiny random model does not copy
     it, so the answer is the pieces' translations around the element, as written."""
     q = "<p>Open <code>settings.json</code> now.</p>"
-    body = client.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
+    body = unguarded.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
     answer = body["translatedText"]
     assert answer.count("<code>settings.json</code>") == 1 and answer.startswith("<p>") and answer.endswith("</p>")
     whole, *pieces = (html.escape(solo(model_dir, s), quote=False) for s in ("Open %1 now.", "Open", "now."))
@@ -160,12 +167,12 @@ def test_html_keeps_tags(client: TestClient, model_dir: Path) -> None:
     assert body["translatedText"].startswith("<p>") and body["translatedText"].endswith("</p><code>x = 1</code>")
 
 
-def test_html_a_sentence_runs_through_its_inline_tags(client: TestClient, model_dir: Path) -> None:
+def test_html_a_sentence_runs_through_its_inline_tags(unguarded: TestClient, model_dir: Path) -> None:
     """The sentence is translated whole, its pieces between tags too: the answer is the whole translation with
     the tags around its words, or, where the tiny random model's words do not allow it, the pieces' translations
     between the tags, as written."""
     q = "<p>Open the <b>file</b> now.</p>"
-    body = client.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
+    body = unguarded.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
     answer = body["translatedText"]
     assert answer.startswith("<p>") and answer.endswith("</p>")
     assert answer.count("<b>") == answer.count("</b>") == 1 and answer.index("<b>") < answer.index("</b>")
@@ -178,15 +185,15 @@ def test_html_a_sentence_runs_through_its_inline_tags(client: TestClient, model_
     )
 
 
-def test_html_attributes_people_read_are_translated(client: TestClient, model_dir: Path) -> None:
+def test_html_attributes_people_read_are_translated(unguarded: TestClient, model_dir: Path) -> None:
     """alt and title go to the model as sentences of their own, after the text, and come back escaped for their
     quotes; lang says the target; MT_HTML_ATTRIBUTES=false keeps them all."""
     q = '<p title="Delete %d items?">Open the file. <img src="a.png" alt=\'Cannot connect to the server.\'></p>'
-    body = client.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
-    page = client.post("/translate", json={"q": '<html lang="en-US"><p>x</p>', "target": "fr", "format": "html"})
+    body = unguarded.post("/translate", json={"q": q, "source": "en", "target": "fr", "format": "html"}).json()
+    page = unguarded.post("/translate", json={"q": '<html lang="en-US"><p>x</p>', "target": "fr", "format": "html"})
     assert page.json()["translatedText"].startswith('<html lang="fr"><p>')  # the page's language is the target's
     quoted = '<p>The word <i lang="de">Zeitgeist</i> is German.</p><blockquote lang=de>Guten Tag.</blockquote>'
-    kept = client.post("/translate", json={"q": quoted, "target": "fr", "format": "html"}).json()["translatedText"]
+    kept = unguarded.post("/translate", json={"q": quoted, "target": "fr", "format": "html"}).json()["translatedText"]
     assert kept.count('<i lang="de">Zeitgeist</i>') == 1  # another language's text is kept as written
     assert kept.endswith("<blockquote lang=de>Guten Tag.</blockquote>")
     title, alt = (solo(model_dir, s) for s in ("Delete %d items?", "Cannot connect to the server."))
@@ -589,3 +596,17 @@ def test_frontend_settings_answer_in_libretranslates_shape(model_dir: Path) -> N
     with TestClient(create_app(settings_for(model_dir, api_keys=["k1"]))) as c:
         keyed = c.get("/frontend/settings").json()
     assert keyed["apiKeys"] and keyed["keyRequired"]  # and the route itself needs none, as LibreTranslate's
+
+
+def test_each_text_has_a_confidence_that_is_its_own(client: TestClient) -> None:
+    """`confidence`: a number in [0, 1] for a string q, a list of them for a list, each text's the same alone and
+    among others; a folder without calibration says so in /v1/models (exp of the mean token log-probability)."""
+    q = ["Open the file.", "Save the document before closing it. Print", "Delete the selected items?"]
+    listed = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["confidence"]
+    alone = [client.post("/translate", json={"q": t, "source": "en", "target": "fr"}).json()["confidence"] for t in q]
+    assert isinstance(listed, list) and listed == alone
+    assert all(isinstance(c, float) and 0.0 <= c <= 1.0 for c in alone)
+    empty = client.post("/translate", json={"q": "***", "source": "en", "target": "fr"}).json()
+    assert empty["confidence"] == 1.0  # nothing the model read: kept as it is
+    [card] = client.get("/v1/models").json()["models"]
+    assert card["confidence"] == {"calibrated": False, "method": "exp(mean_token_logprob)"}

@@ -4,7 +4,8 @@ Real ONNX Runtime sessions opened as the server opens them (open_runtime, MT_BAT
 fp32, on the tiny test model, a random model of the paper's size and the shipped default model: each sentence decoded
 alone is the reference; then random compositions with long and short neighbours, greedy and beam 4 with
 alternatives mixed in one batch, static batches and continuous ones that sentences join at random steps. Last, the
-real server: the same texts one request at a time and from concurrent clients give identical answers.
+real server: the same texts one request at a time and from concurrent clients give identical answers, confidences
+included, and a text's confidence is the same alone and in a list.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ def test_the_server_answers_the_same_alone_and_among_concurrent_clients(layout: 
     one decoding stream) and in two streams in the server's own process."""
     bodies = [{"q": t, "source": "en", "target": "fr", "return_scores": True} for t in TEXTS]
     bodies += [{"q": t, "source": "en", "target": "fr", "beam_size": 4, "alternatives": 2} for t in TEXTS[::3]]
+    bodies.append({"q": TEXTS[:8], "source": "en", "target": "fr"})  # in one request: each text's confidence its own
 
     async def concurrently(url: str) -> list[dict]:
         async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -208,5 +210,7 @@ def test_the_server_answers_the_same_alone_and_among_concurrent_clients(layout: 
     assert (rows_after - rows_before) / (steps_after - steps_before) > 2  # the concurrent ones shared their steps
     for answer in one_at_a_time + together:
         del answer["usage"]  # its timings
-    assert together == one_at_a_time
+    assert together == one_at_a_time  # translations, scores, alternatives and confidences
+    assert one_at_a_time[-1]["confidence"] == [answer["confidence"] for answer in one_at_a_time[:8]]
+    assert all(0.0 <= answer["confidence"] <= 1.0 for answer in one_at_a_time[:-1])
     assert all(m["batch_invariant"] for m in models["models"])

@@ -2,6 +2,7 @@
 names the file and the problem."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -93,6 +94,38 @@ def test_rare_letters_must_be_letters(folder: Path) -> None:
         load_model_folder(folder)
     edit_manifest(folder, lambda m: m["tokenizer"].update(rare_letters="éø"))
     assert load_model_folder(folder).manifest.tokenizer.rare_letters == "éø"
+
+
+CALIBRATION = {"method": "platt", "feature": "mean_token_logprob", "a": 4.0, "b": 2.0, "label": "chrF >= 50"}
+
+
+def test_a_manifest_without_calibration_gives_the_uncalibrated_confidence(model_dir: Path) -> None:
+    """No `confidence` (a folder exported before format 13, or never calibrated): exp of the mean log-probability."""
+    manifest = load_model_folder(model_dir).manifest
+    assert manifest.confidence is None
+    assert manifest.confidence_of(math.log(0.3)) == pytest.approx(0.3)
+    assert manifest.confidence_of(0.0) == 1.0
+
+
+def test_a_calibrated_manifest_gives_its_sigmoid(folder: Path) -> None:
+    """format 13's `confidence`: sigmoid(a m + b), in [0, 1] at either end without overflow."""
+    edit_manifest(folder, lambda m: m.update(format_version=13, confidence=CALIBRATION))
+    manifest = load_model_folder(folder).manifest
+    assert manifest.confidence is not None and manifest.confidence.label == "chrF >= 50"
+    assert manifest.confidence_of(-0.5) == pytest.approx(0.5)  # 4 (-0.5) + 2 = 0
+    assert manifest.confidence_of(-1.0) == pytest.approx(1 / (1 + math.exp(2.0)))
+    assert manifest.confidence_of(-1e6) == 0.0 and manifest.confidence_of(1e6) == 1.0
+
+
+def test_a_calibration_is_a_field_of_format_13(folder: Path) -> None:
+    """A format 12 manifest with the field is refused (a server of format 12 would refuse it too, as an extra
+    field: format 13 tells it to run a newer server instead)."""
+    edit_manifest(folder, lambda m: m.update(format_version=12, confidence=CALIBRATION))
+    with pytest.raises(ModelFolderError, match="confidence is a field of format 13, not of format_version 12"):
+        load_model_folder(folder)
+    edit_manifest(folder, lambda m: m.update(format_version=13, confidence={**CALIBRATION, "method": "isotonic"}))
+    with pytest.raises(ModelFolderError, match="confidence.method: Input should be 'platt'"):
+        load_model_folder(folder)
 
 
 def test_newer_format_version(folder: Path) -> None:
