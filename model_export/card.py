@@ -239,15 +239,7 @@ def read_reports(paths: list[Path]) -> list[dict]:
     """The evaluation reports `evaluate --json` wrote, each checked for what the card reads of it."""
     reports = []
     for path in paths:
-        try:
-            report = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ExportError(f"evaluation report not found: {path} (write one with `evaluate --json`)") from None
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ExportError(f"{path}: not a JSON evaluation report ({error})") from None
-        missing = [key for key in REPORT_KEYS if key not in report] if isinstance(report, dict) else list(REPORT_KEYS)
-        if missing:
-            raise ExportError(f"{path}: not an evaluation report of `evaluate --json`: no {', '.join(missing)}")
+        report = _json_report(path, "evaluation", "evaluate", REPORT_KEYS)
         if not (isinstance(report["seconds"], int | float) and report["seconds"] > 0):
             raise ExportError(f"{path}: seconds is {report['seconds']!r}; a report's run takes a positive time")
         reports.append(report)
@@ -256,16 +248,21 @@ def read_reports(paths: list[Path]) -> list[dict]:
 
 def read_calibration(path: Path) -> dict:
     """The report `calibrate --json` wrote, checked for what the card reads of it."""
+    return _json_report(path, "calibration", "calibrate", ("a", "b", "threshold", "variant", "splits", "guard_limits",
+                                                            "retry_beam"))
+
+
+def _json_report(path: Path, kind: str, command: str, keys: tuple[str, ...]) -> dict:
+    """The JSON report `<command> --json` wrote at `path`, with every one of `keys`; else an ExportError saying so."""
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ExportError(f"calibration report not found: {path} (write one with `calibrate --json`)") from None
+        raise ExportError(f"{kind} report not found: {path} (write one with `{command} --json`)") from None
     except (ValueError, UnicodeDecodeError) as error:
-        raise ExportError(f"{path}: not a JSON calibration report ({error})") from None
-    keys = ("a", "b", "threshold", "variant", "splits", "guard_limits", "retry_beam")
+        raise ExportError(f"{path}: not a JSON {kind} report ({error})") from None
     missing = [key for key in keys if key not in report] if isinstance(report, dict) else list(keys)
     if missing:
-        raise ExportError(f"{path}: not a calibration report of `calibrate --json`: no {', '.join(missing)}")
+        raise ExportError(f"{path}: not an {kind} report of `{command} --json`: no {', '.join(missing)}")
     return report
 
 

@@ -154,13 +154,7 @@ def extract_archive(archive: Path, package: str, cache: Path) -> Path:
         shutil.rmtree(dest)
     members, licence = _deb_members(archive, package) if archive.suffix == ".deb" else _wheel_members(archive)
     catalogs = {name: data for name, data in members.items() if name in set(choose_catalogs(members))}
-    for name, data in catalogs.items():
-        target = dest / "mo" / _safe_relpath(name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "LICENSE-SOURCE").write_bytes(licence or b"")
-    (dest / _DONE).write_text("\n".join(sorted(catalogs)) + "\n")
+    _write_extracted(dest / "mo", catalogs, licence)
     log.debug("extracted %d catalogs from %s", len(catalogs), archive.name)
     return dest
 
@@ -174,14 +168,20 @@ def extract_files(archive: Path, package: str, cache: Path, wanted: Callable[[st
         raise ExtractError(f"{archive.name}: only Debian packages are read for this group")
     shutil.rmtree(dest, ignore_errors=True)
     members, licence = _deb_members(archive, package, wanted)
+    _write_extracted(dest / "files", members, licence)
+    return dest
+
+
+def _write_extracted(folder: Path, members: dict[str, bytes], licence: bytes | None) -> None:
+    """`members` under `folder`, the licence text beside it, and the marker that says the extraction is whole."""
     for name, data in members.items():
-        target = dest / "files" / _safe_relpath(name)
+        target = folder / _safe_relpath(name)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+    dest = folder.parent
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "LICENSE-SOURCE").write_bytes(licence or b"")
     (dest / _DONE).write_text("\n".join(sorted(members)) + "\n")
-    return dest
 
 
 def catalog_files(extracted: Path) -> list[Path]:
