@@ -93,6 +93,12 @@ TRAIN_TYPES = {
 }
 
 
+TRAIN_HELP = {
+    "init": "fine-tune: start from this checkpoint's weights and architecture (e.g. from `from-folder`), "
+    "with a fresh optimizer; pair it with a lower --peak-lr and --warmup-steps",
+}
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     from dataclasses import MISSING, fields
 
@@ -104,10 +110,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         if f.type in ("bool",):
             train.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
             continue
-        kind = TRAIN_TYPES.get(f.name) or {"Path": Path, "int": positive_int, "float": positive_float}.get(f.type, str)
+        kinds = {"Path": Path, "Path | None": Path, "int": positive_int, "float": positive_float}
+        kind = TRAIN_TYPES.get(f.name) or kinds.get(f.type, str)
         required = f.default is MISSING
         train.add_argument(flag, dest=f.name, type=kind, required=required,
-                           help=None if required else f"default: {f.default}")
+                           help=TRAIN_HELP.get(f.name, None if required else f"default: {f.default}"))
     train.set_defaults(run=cmd_train)
 
 

@@ -7,6 +7,7 @@ Knows the corpus layout (train/dev .en/.fr files) and the tokenizer model; write
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -66,6 +67,9 @@ class TrainOptions:
     threads: int = 2
     bf16: bool = False  # bf16 autocast: faster only where the CPU has AMX (measured here: fp32 1.4x faster)
     device: str = "cpu"
+    # fine-tuning: start from this checkpoint's weights (its architecture wins over the size options above) with a
+    # fresh optimizer and schedule; a resumed run ignores it and carries on from its own last checkpoint
+    init: Path | None = None
 
 
 @dataclass
@@ -202,6 +206,26 @@ def evaluate_dev(model: Transformer, dev, sp: spm.SentencePieceProcessor, opts: 
 # -- checkpoints --------------------------------------------------------------------------------
 
 
+def initial_model(sp: spm.SentencePieceProcessor, opts: TrainOptions) -> Transformer:
+    """A new model of the options' size, or the weights of --init (which must share the run's tokenizer)."""
+    if opts.init is None:
+        return Transformer(model_config(sp, opts))
+    if not opts.init.is_file():
+        raise ExportError(f"--init checkpoint not found: {opts.init} (rebuild one from a model folder: `from-folder`)")
+    start = ckpt.load(opts.init)
+    own = start.tokenizer.files.get(start.tokenizer.source_model)
+    if own != opts.tokenizer.read_bytes():
+        raise ExportError(
+            f"{opts.init} was trained with another tokenizer than {opts.tokenizer}: "
+            f"pass its own (`from-folder` writes it into the checkpoint; the model folder's spm.model)"
+        )
+    model = Transformer(dataclasses.replace(start.config, dropout=opts.dropout))
+    model.load_state_dict(start.state_dict)
+    log.info("initialised from %s: d_model %d, %d+%d layers", opts.init, start.config.d_model,
+             start.config.n_encoder_layers, start.config.n_decoder_layers)
+    return model
+
+
 def model_config(sp: spm.SentencePieceProcessor, opts: TrainOptions) -> TransformerConfig:
     vocab = sp.get_piece_size()
     return TransformerConfig(
@@ -240,6 +264,7 @@ def save_checkpoint(path: Path, model: Transformer, optimizer, progress: Progres
     provenance = {
         "name": f"{opts.source_language}-{opts.target_language}",
         "trained_on": str(opts.corpus),
+        **({"initialised_from": str(opts.init)} if opts.init else {}),
         "options": {k: str(v) for k, v in asdict(opts).items()},
     }
     training = {
@@ -316,7 +341,7 @@ def train(opts: TrainOptions) -> Path:
     # 2. model and optimizer, or the state of an interrupted run
     torch.manual_seed(opts.seed)
     random.seed(opts.seed)
-    model = Transformer(model_config(sp, opts)).to(opts.device)
+    model = initial_model(sp, opts).to(opts.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=opts.peak_lr, betas=(0.9, 0.98), eps=1e-9)
     progress = Progress()
     existing = checkpoint_files(opts.out)

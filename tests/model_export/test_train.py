@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from model_export import checkpoint
+from model_export.errors import ExportError
 from model_export.export import export_folder
 from model_export.train import TrainOptions, learning_rate, make_batches, train
 from service.model.folder import load_model_folder
@@ -64,3 +65,26 @@ def test_batches_cover_every_pair_once_and_respect_the_token_budget() -> None:
         width = max(max(len(sources[i]), len(targets[i])) + 1 for i in batch)
         assert len(batch) == 1 or width * 2 * len(batch) <= 60
     assert batches == make_batches(sources, targets, batch_tokens=60, seed=1)  # same seed, same order
+
+
+def test_fine_tunes_from_a_checkpoint_keeping_its_architecture(options: TrainOptions, tmp_path: Path) -> None:
+    start = checkpoint.load(train(TrainOptions(**{**vars(options), "max_steps": 2})))
+    tuned_opts = TrainOptions(
+        **{**vars(options), "out": tmp_path / "tuned", "init": options.out / "final.pt", "d_model": 64,
+           "max_steps": 1, "peak_lr": 1e-7, "warmup_steps": 1}
+    )
+    tuned = checkpoint.load(train(tuned_opts))
+    assert tuned.config == start.config  # the checkpoint's size, not --d-model's
+    assert tuned.provenance["initialised_from"] == str(options.out / "final.pt")
+    assert tuned.training["progress"]["step"] == 1  # a fresh schedule, not the first run's step count
+    moved = max(float((tuned.state_dict[k] - v).abs().max()) for k, v in start.state_dict.items())
+    assert moved < 1e-4  # one step at lr 1e-7 from the given weights (a fresh model would differ everywhere)
+
+
+def test_fine_tuning_refuses_a_checkpoint_of_another_tokenizer(options: TrainOptions, tmp_path: Path) -> None:
+    train(TrainOptions(**{**vars(options), "max_steps": 1}))
+    other = tmp_path / "other.model"
+    other.write_bytes(train_sentencepiece(vocab_size=60))
+    with pytest.raises(ExportError, match="another tokenizer"):
+        train(TrainOptions(**{**vars(options), "out": tmp_path / "t", "tokenizer": other,
+                              "init": options.out / "final.pt"}))
