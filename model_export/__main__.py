@@ -149,7 +149,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from model_export.card import write_calibration_section
 
     report = calibrate(args.model_dir, args.corpus, args.variant, args.threshold, tuple(args.splits),
-                       args.batch_size, args.threads)
+                       args.batch_size, args.threads, args.fit_splits)
     print(report.summary())
     data = report_dict(report)
     if args.json:
@@ -175,6 +175,11 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     )
     calibrate.add_argument(
         "--splits", nargs="+", default=["dev", "test"], help="the first is fitted on, each measured (default: dev test)"
+    )
+    calibrate.add_argument(
+        "--fit-splits", type=positive_int, default=1,
+        help="fit on this many of the first --splits pooled, e.g. 2 with `--splits dev dev.general test "
+        "test.general`: one confidence for both domains (default 1)",
     )
     calibrate.add_argument("--batch-size", type=positive_int, default=32)
     calibrate.add_argument("--threads", type=int_between(1, MAX_THREADS), default=2)

@@ -51,17 +51,20 @@ class CalibrationReport:
     b: float
     threshold: float
     splits: list[Split] = field(default_factory=list)
+    fit_splits: int = 1  # the first splits, pooled, that the fit was made on
 
     def field(self) -> dict[str, object]:
         """The manifest's `confidence` (service.model.Calibration)."""
-        dev = self.splits[0]
+        fitted = self.splits[: self.fit_splits]
+        name = "+".join(s.name for s in fitted)
         return {
             "method": "platt",
             "feature": "mean_token_logprob",
             "a": round(self.a, 6),
             "b": round(self.b, 6),
-            "label": f"sentence chrF >= {self.threshold:g} on the dev set",
-            "fitted_on": {"split": dev.name, "sentences": dev.sentences, "good": dev.good, "variant": self.variant,
+            "label": f"sentence chrF >= {self.threshold:g} on the {name} set",
+            "fitted_on": {"split": name, "sentences": sum(s.sentences for s in fitted),
+                          "good": sum(s.good for s in fitted), "variant": self.variant,
                           "search": "greedy", **{f"ece_{s.name}": round(s.ece, 4) for s in self.splits}},
         }
 
@@ -157,15 +160,21 @@ def guard_counts(batches: StaticBatches, split: Decoded, batch_size: int) -> tup
 
 def calibrate(
     folder_path: Path, corpus: Path, variant: str | None = None, threshold: float = CHRF_GOOD,
-    splits: tuple[str, ...] = ("dev", "test"), batch_size: int = 32, threads: int = 2,
+    splits: tuple[str, ...] = ("dev", "test"), batch_size: int = 32, threads: int = 2, fit_splits: int = 1,
 ) -> CalibrationReport:
-    """Fits the confidence on the first of `splits`, measures it and the guards on each, and writes the fit into
-    the folder's manifest."""
+    """Fits the confidence on the first `fit_splits` of `splits` pooled (a dev set per domain, so that one
+    confidence means the same across them), measures it and the guards on each, and writes the fit into the
+    folder's manifest."""
+    if not 1 <= fit_splits <= len(splits):
+        raise ExportError(f"--fit-splits must be 1 to {len(splits)} (the number of --splits), got {fit_splits}")
     folder = load_model_folder(folder_path)
     batches = StaticBatches(folder_path, variant, threads)
     runs = [decoded(batches, corpus, split, threshold, batch_size) for split in splits]
-    a, b = fit_platt(np.array([mean_log_prob(h) for h in runs[0].best]), runs[0].good)
-    report = CalibrationReport(folder.manifest.name, variant or folder.manifest.default_variant, a, b, threshold)
+    fitted = runs[:fit_splits]
+    m = np.array([mean_log_prob(h) for run in fitted for h in run.best])  # (N,)
+    a, b = fit_platt(m, np.concatenate([run.good for run in fitted]))
+    report = CalibrationReport(folder.manifest.name, variant or folder.manifest.default_variant, a, b, threshold,
+                               fit_splits=fit_splits)
     for run in runs:
         confidence = np.array([platt(mean_log_prob(h), a, b) for h in run.best])
         ece, table = reliability(confidence, run.good)

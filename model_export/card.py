@@ -15,6 +15,7 @@ from model_export.checkpoint import Checkpoint
 from model_export.errors import ExportError
 from model_export.export import variant_files
 from model_export.model import Transformer
+from model_export.train import initialised_from
 from service.model import load_model_folder
 
 
@@ -45,33 +46,51 @@ def architecture(checkpoint: Checkpoint) -> str:
 
 def data_section(stats: dict) -> list[str]:
     pairs = stats["pairs"]
+    splits = [split for split in pairs if split in ("train", "dev", "test") or pairs[split]]
+    extra = [split for split in splits if split not in ("train", "dev", "test")]
+    general = "".join(f", {pairs[split]:,} {split}" for split in extra)
+    groups_flag = " --groups all" if extra else ""
     lines = [
         "## Data",
         "",
         f"{sum(pairs.values()):,} English→French pairs ({pairs['train']:,} train, {pairs['dev']:,} dev, "
-        f"{pairs['test']:,} test) from the French gettext catalogs of {len(stats['packages'])} pinned Debian "
-        "bookworm packages and PyPI wheels (`model_export/corpus/packages.txt`), rebuilt offline by "
-        "`python -m model_export.corpus build`. Dev and test were held out after grouping on a normalised "
-        "source (lower case, no punctuation, placeholders masked), so near-identical strings cannot leak.",
+        f"{pairs['test']:,} test{general}) from the French translations of {len(stats['packages'])} pinned "
+        "Debian bookworm packages and PyPI wheels (`model_export/corpus/packages.txt`: gettext catalogs, and in "
+        "the extra groups documentation built in both languages, game catalogs and a dictionary), rebuilt offline "
+        f"by `python -m model_export.corpus build{groups_flag}`. Dev and test were held out after grouping on a "
+        "normalised source (lower case, no punctuation, placeholders masked), so near-identical strings cannot "
+        "leak.",
         "",
-        _row("group", "train", "dev", "test"),
-        _row("---", "---:", "---:", "---:"),
+        _row("group", *splits),
+        _row("---", *["---:" for _ in splits]),
     ]
     for group, counts in sorted(stats["groups"].items(), key=lambda kv: -kv[1]["train"]):
-        lines.append(_row(group, f"{counts['train']:,}", f"{counts['dev']:,}", f"{counts['test']:,}"))
+        lines.append(_row(group, *[f"{counts.get(split, 0):,}" for split in splits]))
     dropped = ", ".join(f"{reason} {n:,}" for reason, n in sorted(stats["dropped"].items(), key=lambda kv: -kv[1]))
     lines += ["", f"Dropped while cleaning: {dropped}.", "", "Licences of the sources: `NOTICE` and `licenses/`.", ""]
     return lines
+
+
+def base_model(checkpoint: Checkpoint) -> str:
+    """The model a fine-tuned checkpoint started from, as `train` recorded it."""
+    init = checkpoint.provenance["initialised_from"]
+    if isinstance(init, str):  # a path alone: what it holds, where it is still there
+        init = initialised_from(Path(init)) if Path(init).is_file() else {"checkpoint": init}
+    if "model" in init:
+        return f"the weights of {init['model']} (rebuilt from its folder by `from-folder`)"
+    return f"the checkpoint `{Path(init['checkpoint']).name}`"
 
 
 def training_section(checkpoint: Checkpoint) -> list[str]:
     progress = checkpoint.training.get("progress", {})
     options = checkpoint.provenance.get("options", {})
     hours = progress.get("seconds", 0) / 3600
+    tuned = "initialised_from" in checkpoint.provenance
+    started = f"Fine-tuned (`train --init`) from {base_model(checkpoint)}: " if tuned else ""
     lines = [
         "## Training",
         "",
-        f"{progress.get('step', 0):,} steps ({progress.get('epoch', 0) + 1} passes over the data begun), "
+        f"{started}{progress.get('step', 0):,} steps ({progress.get('epoch', 0) + 1} passes over the data begun), "
         f"{progress.get('tokens', 0):,} target tokens, {hours:.2f} hours of training on 2 CPU cores "
         f"({progress.get('tokens', 0) / max(progress.get('seconds', 1), 1):,.0f} target tokens/s), "
         f"Adam with {options.get('warmup_steps', '?')} warm-up steps to {options.get('peak_lr', '?')} and "
@@ -98,6 +117,7 @@ def training_section(checkpoint: Checkpoint) -> list[str]:
 
 
 def evaluation_section(reports: list[dict], default_variant: str) -> list[str]:
+    reports = [r for r in reports if r.get("split", "test") == "test"] or reports
     lines = [
         "## Evaluation",
         "",
@@ -126,6 +146,27 @@ def evaluation_section(reports: list[dict], default_variant: str) -> list[str]:
     return lines
 
 
+def groups_section(reports: list[dict], default_variant: str) -> list[str]:
+    """Each split's score and its corpus groups' (the subsets `evaluate` scored), for the default variant, greedy."""
+    chosen = [r for r in reports if r["variant"] == default_variant and r["beam_size"] == 1 and r.get("groups")]
+    if not chosen:
+        return []
+    lines = [
+        "### By split and corpus group",
+        "",
+        f"`{default_variant}`, greedy; a group is scored as the subset of its split (dev.general and test.general "
+        "hold whole documents out of train: pages of the documentation groups, catalogs of the games):",
+        "",
+        _row("split", "group", "sentences", "BLEU", "chrF"),
+        _row("---", "---", "---:", "---:", "---:"),
+    ]
+    for r in chosen:
+        lines.append(_row(r["split"], "all", f"{r['sentences']:,}", f"{r['bleu']:.1f}", f"{r['chrf']:.1f}"))
+        lines += [_row(r["split"], group, f"{g['sentences']:,}", f"{g['bleu']:.1f}", f"{g['chrf']:.1f}")
+                  for group, g in r["groups"].items()]
+    return lines + [""]
+
+
 def examples_section(report: dict) -> list[str]:
     lines = [
         "## Examples",
@@ -146,14 +187,14 @@ CALIBRATION_HEADING = "## Confidence and guards"
 def calibration_section(report: dict) -> list[str]:
     """The confidence's fit and measures, and the guards' rates, from `calibrate --json`'s report."""
     splits, limits = report["splits"], report["guard_limits"]
-    dev = splits[0]
+    fit = report["confidence"]["fitted_on"]
     lines = [
         CALIBRATION_HEADING,
         "",
         f"`/translate` gives each text a `confidence`: sigmoid({report['a']:.4f} m + {report['b']:.4f}), m the mean "
         f"log-probability of its tokens, the probability that its sentence chrF reaches {report['threshold']:g}, "
-        f"fitted on the {dev['name']} set's greedy `{report['variant']}` translations ({dev['sentences']:,} "
-        f"sentences, {dev['good']:,} of them good) by `python -m model_export calibrate`, which writes it into the "
+        f"fitted on the {fit['split']} set's greedy `{report['variant']}` translations ({fit['sentences']:,} "
+        f"sentences, {fit['good']:,} of them good) by `python -m model_export calibrate`, which writes it into the "
         "manifest (`confidence`). Expected calibration error over 10 bins of equal width, and the Brier score:",
         "",
         _row("split", "sentences", "good", "ECE", "Brier"),
@@ -209,18 +250,19 @@ def write_calibration_section(card: Path, report: dict) -> Path:
 LIMITATIONS = [
     "## Limitations",
     "",
-    "- The domain is software text: interface strings, messages, help, documentation snippets and some game",
-    "  dialogue. News, conversation, legal or medical text will translate much worse.",
+    "- The domain is what the corpus holds: software strings, documentation (handbooks, help, manual pages) and",
+    "  game text (interface, story, dialogue). Conversation, news, legal or medical prose lies outside it and",
+    "  will translate worse; the corpus has no held-out set of such prose to say by how much.",
     "- Sentences are translated one at a time: no document context (gender and register across sentences).",
-    "- Trained on about 225k pairs for two hours on two CPU cores: expect literal translations, occasional",
-    "  omissions on long sentences, and English words left untranslated.",
+    "- 8.4M parameters trained on two CPU cores (about 3.5 hours in all): expect literal translations,",
+    "  occasional omissions on long sentences, and English words left untranslated.",
     "- Keyboard accelerators (`_File`, `&Open`) were removed from the training data: send strings without them.",
-    "- Placeholders come out exactly as in the source in about 97% of sentences; the misses are mostly named",
+    "- Placeholders come out exactly as in the source in about 98% of sentences; the misses are mostly named",
     "  ones whose name is an English word, which the model sometimes translates (`%(folder)s` ->",
     "  `%(dossier)s`). Check placeholders before shipping a translation.",
-    "- The English sources hold almost no letter beyond ASCII (none over 87 times): the server gives a word",
-    "  with one (`Søren`, `Dvořák`, `naïve`) to the model as a placeholder, so it comes back as written, never",
-    "  translated (the manifest's `rare_letters`; read by the model, such names came back mangled).",
+    "- The English sources hold few letters beyond ASCII: the server gives a word with one the training",
+    "  sources held too seldom (`Søren`, `Dvořák`) to the model as a placeholder, so it comes back as written,",
+    "  never translated (the manifest's `rare_letters`; read by the model, such names came back mangled).",
     "",
 ]
 
@@ -304,9 +346,11 @@ def write_card(
         "```",
         "",
     ]
-    lines += evaluation_section(reports, default) + (calibration_section(calibration) if calibration else [])
+    lines += evaluation_section(reports, default) + groups_section(reports, default)
+    lines += calibration_section(calibration) if calibration else []
     lines += data_section(stats) + training_section(checkpoint)
-    best = next((r for r in reports if r["variant"] == default and r["beam_size"] == 1), reports[0])
+    tests = [r for r in reports if r.get("split", "test") == "test"] or reports
+    best = next((r for r in tests if r["variant"] == default and r["beam_size"] == 1), tests[0])
     lines += examples_section(best) + LIMITATIONS
     card = folder / "README.md"
     card.write_text("\n".join(lines), encoding="utf-8")

@@ -5,6 +5,7 @@ as in the source. Knows the corpus layout; writes nothing but its report.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import Counter
@@ -48,6 +49,8 @@ class EvalReport:
     seconds: float
     target_tokens: int
     examples: list[dict[str, object]] = field(default_factory=list)
+    # group -> {"sentences", "bleu", "chrf"}, where the corpus says each line's package and each package's group
+    groups: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def placeholder_accuracy(self) -> float:
@@ -83,6 +86,33 @@ def read_split(corpus: Path, split: str, source: str, target: str) -> tuple[list
     if not sources:
         raise ExportError(f"{paths[0]} and {paths[1]} are empty: no sentences to evaluate on")
     return sources, references
+
+
+def line_groups(corpus: Path, split: str, lines: int) -> list[str] | None:
+    """Each line's corpus group (`corpus build` writes `<split>.origin`, a package a line, and stats.json's
+    package -> group); None for a corpus without them (a user's own test set)."""
+    origin, stats = corpus / f"{split}.origin", corpus / "stats.json"
+    if not origin.is_file() or not stats.is_file():
+        return None
+    packages = json.loads(stats.read_text(encoding="utf-8")).get("packages", {})
+    names = read_lines(origin)
+    if len(names) != lines or any(name not in packages for name in names):
+        return None  # not the build that wrote this split
+    return [packages[name]["group"] for name in names]
+
+
+def group_scores(groups: list[str], hypotheses: list[str], references: list[str]) -> dict[str, dict[str, float]]:
+    """BLEU and chrF of each group's subset of a split, largest group first."""
+    scores = {}
+    for group, size in Counter(groups).most_common():
+        rows = [i for i, g in enumerate(groups) if g == group]
+        hyps, refs = [hypotheses[i] for i in rows], [references[i] for i in rows]
+        scores[group] = {
+            "sentences": size,
+            "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+            "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
+        }
+    return scores
 
 
 class StaticBatches:
@@ -171,6 +201,7 @@ def evaluate(
         folder_path, sources, variant, beam_size, batch_size, threads, streams, fast
     )
     with_placeholders = [i for i, s in enumerate(sources) if placeholders(s)]
+    groups = line_groups(corpus, split, len(read_lines(corpus / f"{split}.{manifest.source_language}")))
     return EvalReport(
         model=manifest.name, variant=variant or manifest.default_variant, split=split, beam_size=beam_size,
         sentences=len(sources),
@@ -180,4 +211,5 @@ def evaluate(
         placeholder_exact=sum(same_placeholders(sources[i], hypotheses[i]) for i in with_placeholders),
         seconds=seconds, target_tokens=tokens,
         examples=pick_examples(sources, references, hypotheses),
+        groups=group_scores(groups[: len(sources)], hypotheses, references) if groups else {},
     )

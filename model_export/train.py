@@ -257,6 +257,16 @@ def training_rare_letters(corpus: Path, language: str, tokenizer: Path) -> str:
     return rare_letters(sources, spm.SentencePieceProcessor(model_file=str(tokenizer)), RARE_FEWER_THAN, RARE_SHARE)
 
 
+@functools.cache
+def initialised_from(path: Path) -> dict[str, str]:
+    """What --init started from, for the card: the checkpoint and, where `from-folder` rebuilt it, its folder."""
+    record = {"checkpoint": str(path)}
+    folder = ckpt.load(path).provenance.get("rebuilt_from") or {}
+    if folder:
+        record["model"] = f"{folder.get('folder', '?')} {folder.get('version', '?')}"
+    return record
+
+
 def save_checkpoint(path: Path, model: Transformer, optimizer, progress: Progress, opts: TrainOptions) -> None:  # noqa: ANN001
     rare = training_rare_letters(opts.corpus, opts.source_language, opts.tokenizer)
     files = {"spm.model": opts.tokenizer.read_bytes()}
@@ -264,7 +274,7 @@ def save_checkpoint(path: Path, model: Transformer, optimizer, progress: Progres
     provenance = {
         "name": f"{opts.source_language}-{opts.target_language}",
         "trained_on": str(opts.corpus),
-        **({"initialised_from": str(opts.init)} if opts.init else {}),
+        **({"initialised_from": initialised_from(opts.init)} if opts.init else {}),
         "options": {k: str(v) for k, v in asdict(opts).items()},
     }
     training = {

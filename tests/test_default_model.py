@@ -59,11 +59,13 @@ def test_it_is_what_a_plain_start_serves(client: TestClient) -> None:
 
 
 def test_its_confidence_is_calibrated(client: TestClient) -> None:
-    """Format 13: `model_export calibrate` fitted the confidence on the dev set; a good translation is confident,
+    """Format 13: `model_export calibrate` fitted the confidence on both dev sets (software strings, and whole
+    documents of documentation and games) pooled; a good translation is confident,
     a garbled source is not, and the card reports the fit the manifest holds."""
     [card] = client.get("/v1/models").json()["models"]
     confidence = card["confidence"]
-    assert confidence["calibrated"] and confidence["method"] == "platt" and confidence["fitted_on"]["split"] == "dev"
+    assert confidence["calibrated"] and confidence["method"] == "platt"
+    assert confidence["fitted_on"]["split"] == "dev+dev.general"
     q = ["Open the file.", "Xqzv blorf wuggle snarp quib frozzle."]
     good, garbled = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["confidence"]
     assert good > 0.7 > garbled
@@ -101,7 +103,7 @@ SYMBOLS = [
     ("The temperature is 20 °C today.", "°C", "température"),
     ("The word 東京 means Tokyo.", "東京", "mot"),
     ("It costs 5€, 10€ or 20€ per user.", "20€", "utilisateur"),  # a digit before the placeholder: %3, not {2}
-    ("He said Привет to me.", "Привет", "moi"),  # a word of letters the vocabulary lacks: whole
+    ("He said Привет to me.", "Привет", "dit"),  # a word of letters the vocabulary lacks: whole
 ]
 
 

@@ -44,11 +44,9 @@ def test_the_calibration_error_weighs_each_bins_gap_by_its_sentences() -> None:
     assert [(row["from"], row["sentences"], row["good"]) for row in table] == [(0.0, 2, 0.5), (0.9, 2, 1.0)]
 
 
-def test_calibrate_writes_the_manifests_confidence_and_the_cards_section(model_dir: Path, tmp_path: Path) -> None:
-    """The tiny random model's own translations as the references of half the sentences (good: chrF 100) and a
-    French sentence as the rest's (poor): a fit the server then reads, and a card's section replaced, not added."""
-    folder = Path(shutil.copytree(model_dir, tmp_path / "folder"))
-    (folder / "README.md").write_text("# tiny\n\n## Evaluation\n\n## Data\n\nkept\n")
+def half_good_corpus(folder: Path, tmp_path: Path) -> Path:
+    """dev and test: the folder's own translations as the references of half the sentences, a French sentence as
+    the rest's."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     own, _, _ = StaticBatches(folder, None, 1).translate(SOURCES, 1, 4)
@@ -56,6 +54,27 @@ def test_calibrate_writes_the_manifests_confidence_and_the_cards_section(model_d
     for split in ("dev", "test"):
         (corpus / f"{split}.en").write_text("\n".join(SOURCES) + "\n")
         (corpus / f"{split}.fr").write_text("\n".join(references) + "\n")
+    return corpus
+
+
+def test_the_fit_can_pool_several_dev_sets(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = Path(shutil.copytree(model_dir, tmp_path / "folder"))
+    corpus = half_good_corpus(folder, tmp_path)
+    arguments = ["calibrate", "--model-dir", str(folder), "--corpus", str(corpus), "--threads", "1"]
+    assert main([*arguments, "--splits", "dev", "test", "--fit-splits", "2"]) == 0
+    fitted = load_model_folder(folder).manifest.confidence.fitted_on
+    assert fitted["split"] == "dev+test" and fitted["sentences"] == 20 and fitted["good"] == 10
+    capsys.readouterr()
+    assert main([*arguments, "--splits", "dev", "--fit-splits", "2"]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err.strip() == "error: --fit-splits must be 1 to 1 (the number of --splits), got 2"
+
+
+def test_calibrate_writes_the_manifests_confidence_and_the_cards_section(model_dir: Path, tmp_path: Path) -> None:
+    """The tiny random model's own translations as the references of half the sentences (good: chrF 100) and a
+    French sentence as the rest's (poor): a fit the server then reads, and a card's section replaced, not added."""
+    folder = Path(shutil.copytree(model_dir, tmp_path / "folder"))
+    (folder / "README.md").write_text("# tiny\n\n## Evaluation\n\n## Data\n\nkept\n")
+    corpus = half_good_corpus(folder, tmp_path)
     report = tmp_path / "calibration.json"
     arguments = ["calibrate", "--model-dir", str(folder), "--corpus", str(corpus), "--threads", "1"]
     arguments += ["--json", str(report)]

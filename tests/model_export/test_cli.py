@@ -207,6 +207,14 @@ def test_card_writes_the_folders_readme_from_its_reports(
     assert main([*argv, "--evaluations", str(report)]) == 0
     card = (folder / "README.md").read_text()
     assert "| fp32 | greedy |" in card and "## Examples" in card and (folder / "NOTICE").read_text() == "notice\n"
+    assert "By split and corpus group" not in card  # a report without groups
+    general = json.loads(report.read_text())
+    general.update(split="test.general", bleu=12.5, groups={"docs": {"sentences": 6, "bleu": 12.5, "chrf": 30.0}})
+    (tmp_path / "general.json").write_text(json.dumps(general))
+    assert main([*argv, "--evaluations", str(report), str(tmp_path / "general.json")]) == 0
+    card = (folder / "README.md").read_text()
+    assert "| test.general | docs | 6 | 12.5 | 30.0 |" in card
+    assert card.count("| fp32 | greedy |") == 1  # the test split's table holds the test split's reports alone
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import sacrebleu
 from fastapi.testclient import TestClient
 from onnx import numpy_helper
 
@@ -110,6 +111,23 @@ def test_evaluate_reports_scores_placeholders_and_examples(model_dir: Path, tmp_
     assert len(report.examples) == 6 and {"source", "reference", "translation", "chrf"} <= set(report.examples[0])
     perfect = evaluate(model_dir, tmp_path, limit=2, threads=1)
     assert perfect.sentences == 2
+    assert report.groups == {}  # no origin file: a user's own test set has no groups
+
+
+def test_evaluate_scores_each_corpus_group_as_the_subset_of_its_split(model_dir: Path, tmp_path: Path) -> None:
+    english, french = SENTENCES[:6], SENTENCES[6:12]
+    (tmp_path / "test.en").write_text("\n".join(english) + "\n")
+    (tmp_path / "test.fr").write_text("\n".join(french) + "\n")
+    (tmp_path / "test.origin").write_text("\n".join(["coreutils"] * 4 + ["wesnoth"] * 2) + "\n")
+    packages = {"coreutils": {"group": "system"}, "wesnoth": {"group": "games"}}
+    (tmp_path / "stats.json").write_text(json.dumps({"packages": packages}))
+    report = evaluate(model_dir, tmp_path, threads=1)
+    assert list(report.groups) == ["system", "games"] and report.groups["games"]["sentences"] == 2
+    hypotheses = [e["translation"] for e in sorted(report.examples, key=lambda e: english.index(e["source"]))]
+    games = sacrebleu.corpus_chrf(hypotheses[4:], [french[4:]]).score
+    assert report.groups["games"]["chrf"] == pytest.approx(games)
+    (tmp_path / "test.origin").write_text("coreutils\n")  # another build's origin file: no groups, no error
+    assert evaluate(model_dir, tmp_path, threads=1).groups == {}
 
 
 def test_translate_all_in_two_streams_gives_the_same_translations(model_dir: Path) -> None:

@@ -75,7 +75,7 @@ def test_fine_tunes_from_a_checkpoint_keeping_its_architecture(options: TrainOpt
     )
     tuned = checkpoint.load(train(tuned_opts))
     assert tuned.config == start.config  # the checkpoint's size, not --d-model's
-    assert tuned.provenance["initialised_from"] == str(options.out / "final.pt")
+    assert tuned.provenance["initialised_from"] == {"checkpoint": str(options.out / "final.pt")}
     assert tuned.training["progress"]["step"] == 1  # a fresh schedule, not the first run's step count
     moved = max(float((tuned.state_dict[k] - v).abs().max()) for k, v in start.state_dict.items())
     assert moved < 1e-4  # one step at lr 1e-7 from the given weights (a fresh model would differ everywhere)
