@@ -93,6 +93,9 @@ TRAIN_TYPES = {
 }
 
 
+# the argparse type of each of TrainOptions' annotations (strings: the module has `from __future__ import annotations`)
+TRAIN_KINDS = {"Path": Path, "Path | None": Path, "int": positive_int, "float": positive_float}
+
 TRAIN_HELP = {
     "init": "fine-tune: start from this checkpoint's weights and architecture (e.g. from `from-folder`), "
     "with a fresh optimizer; pair it with a lower --peak-lr and --warmup-steps",
@@ -110,8 +113,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         if f.type in ("bool",):
             train.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
             continue
-        kinds = {"Path": Path, "Path | None": Path, "int": positive_int, "float": positive_float}
-        kind = TRAIN_TYPES.get(f.name) or kinds.get(f.type, str)
+        kind = TRAIN_TYPES.get(f.name) or TRAIN_KINDS.get(f.type, str)
         required = f.default is MISSING
         train.add_argument(flag, dest=f.name, type=kind, required=required,
                            help=TRAIN_HELP.get(f.name, None if required else f"default: {f.default}"))

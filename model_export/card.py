@@ -15,7 +15,6 @@ from model_export.checkpoint import Checkpoint
 from model_export.errors import ExportError
 from model_export.export import variant_files
 from model_export.model import Transformer
-from model_export.train import initialised_from
 from service.model import load_model_folder
 
 
@@ -74,8 +73,8 @@ def data_section(stats: dict) -> list[str]:
 def base_model(checkpoint: Checkpoint) -> str:
     """The model a fine-tuned checkpoint started from, as `train` recorded it."""
     init = checkpoint.provenance["initialised_from"]
-    if isinstance(init, str):  # a path alone: what it holds, where it is still there
-        init = initialised_from(Path(init)) if Path(init).is_file() else {"checkpoint": init}
+    if isinstance(init, str):  # a path alone
+        init = {"checkpoint": init}
     if "model" in init:
         return f"the weights of {init['model']} (rebuilt from its folder by `from-folder`)"
     return f"the checkpoint `{Path(init['checkpoint']).name}`"
@@ -116,8 +115,13 @@ def training_section(checkpoint: Checkpoint) -> list[str]:
     return lines + [""]
 
 
+def test_reports(reports: list[dict]) -> list[dict]:
+    """The reports on the test split (all of them when none is: a report of an older `evaluate` has no split)."""
+    return [r for r in reports if r.get("split", "test") == "test"] or reports
+
+
 def evaluation_section(reports: list[dict], default_variant: str) -> list[str]:
-    reports = [r for r in reports if r.get("split", "test") == "test"] or reports
+    reports = test_reports(reports)
     lines = [
         "## Evaluation",
         "",
@@ -349,7 +353,7 @@ def write_card(
     lines += evaluation_section(reports, default) + groups_section(reports, default)
     lines += calibration_section(calibration) if calibration else []
     lines += data_section(stats) + training_section(checkpoint)
-    tests = [r for r in reports if r.get("split", "test") == "test"] or reports
+    tests = test_reports(reports)
     best = next((r for r in tests if r["variant"] == default and r["beam_size"] == 1), tests[0])
     lines += examples_section(best) + LIMITATIONS
     card = folder / "README.md"

@@ -196,12 +196,12 @@ def evaluate(
 ) -> EvalReport:
     manifest = load_model_folder(folder_path, verify_checksums=False).manifest
     sources, references = read_split(corpus, split, manifest.source_language, manifest.target_languages[0])
+    groups = line_groups(corpus, split, len(sources))
     sources, references = sources[:limit], references[:limit]
     hypotheses, tokens, seconds = translate_all(
         folder_path, sources, variant, beam_size, batch_size, threads, streams, fast
     )
     with_placeholders = [i for i, s in enumerate(sources) if placeholders(s)]
-    groups = line_groups(corpus, split, len(read_lines(corpus / f"{split}.{manifest.source_language}")))
     return EvalReport(
         model=manifest.name, variant=variant or manifest.default_variant, split=split, beam_size=beam_size,
         sentences=len(sources),
