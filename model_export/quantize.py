@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from model_export import graph_io
+from model_export.errors import ExportError
 from model_export.export import add_variant, fp32_copy, variant_files, variant_graphs
 
 # With shared embeddings both int8 graphs quantize the same table the same way: it is written once, as ONNX
@@ -387,6 +388,11 @@ def add_int8_variant(
     `single_row_bits` bits: SINGLE_ROW_BLOCKS) and the one for static batches (format 10, to_dense_self_attention),
     and adds variant 'int8' to the manifest."""
     folder, manifest, variant = fp32_copy(folder_path, "int8", "quantize")
+    if manifest.get("shortlist") and activation_scales != "per-row":
+        raise ExportError(
+            f"{folder_path} has a vocabulary shortlist, whose int8 step graph needs per-row activation scales: "
+            "quantize with --activation-scales per-row, or into a copy of the folder without its shortlist"
+        )
     step = folder.file(variant["decoder_step"]["file"])  # fp32
     for graph in variant_graphs(variant):
         name = int8_name(variant[graph]["file"])
@@ -408,6 +414,11 @@ def add_int8_variant(
     shared = share_embedding_table(folder_path, variant) if embeddings else []  # when the two tables are one
     variant["shared_initializers"] = shared
     written = variant_files(variant) + [i["file"] for i in shared]
+    if manifest.get("shortlist"):  # a folder with a shortlist: the new step graph's shortlist step graph too
+        from model_export.shortlist import add_variant_step  # imported here: shortlist_step reads this module's ROW_TOP
+
+        candidates, pad_id = manifest["shortlist"]["candidates"], folder.manifest.config.pad_id
+        written += add_variant_step(folder_path, variant, candidates, pad_id)
     return add_variant(folder_path, manifest, variant, written, make_default)
 
 

@@ -211,6 +211,24 @@ def shortlist_graph_entry(step: dict, candidates: int) -> dict:
     return {"file": "", "inputs": inputs, "outputs": outputs}
 
 
+def add_variant_step(folder_path: Path, variant: dict, candidates: int, pad_id: int) -> list[str]:
+    """Writes an fp32 or int8 variant's shortlist step graph from its step graph and records it in the variant (its
+    manifest JSON, changed in place): the file written, or none for a variant of another precision (the float16
+    variant's graphs, for GPUs, have no shortlist step)."""
+    if variant["precision"] not in ("fp32", "int8"):
+        return []
+    entry = shortlist_graph_entry(variant["decoder_step"], candidates)
+    entry["file"] = step_file(variant["precision"])
+    shortlist_step_graph(
+        folder_path / variant["decoder_step"]["file"], folder_path / entry["file"], candidates, pad_id
+    )
+    variant["decoder_step_shortlist"] = entry
+    for initializer in variant.get("shared_initializers", []):
+        if "decoder_step" in initializer["names"]:
+            initializer["names"]["decoder_step_shortlist"] = initializer["names"]["decoder_step"]
+    return [entry["file"]]
+
+
 def add_shortlist(folder_path: Path, lists: Lists, candidates: int, how: dict) -> dict:
     """Writes shortlist.npz and each fp32 and int8 variant's shortlist step graph into the folder, and records them
     in the manifest (`shortlist`, each variant's `decoder_step_shortlist`, the files); the folder must still load.
@@ -224,20 +242,8 @@ def add_shortlist(folder_path: Path, lists: Lists, candidates: int, how: dict) -
     shared = tok.source_model == tok.target_model and cfg.src_vocab_size == cfg.tgt_vocab_size
     manifest["shortlist"] = {"file": SHORTLIST_FILE, "candidates": candidates, "copy_source": shared}
     written = [SHORTLIST_FILE]
-    for name, variant in manifest["variants"].items():
-        if variant["precision"] not in ("fp32", "int8"):
-            continue  # the float16 variant's graphs (GPUs) have no shortlist step
-        entry = shortlist_graph_entry(variant["decoder_step"], candidates)
-        entry["file"] = step_file(variant["precision"])
-        shortlist_step_graph(
-            folder.file(variant["decoder_step"]["file"]), folder_path / entry["file"], candidates, cfg.pad_id
-        )
-        variant["decoder_step_shortlist"] = entry
-        for initializer in variant.get("shared_initializers", []):
-            if "decoder_step" in initializer["names"]:
-                initializer["names"]["decoder_step_shortlist"] = initializer["names"]["decoder_step"]
-        written.append(entry["file"])
-        manifest["variants"][name] = variant
+    for variant in manifest["variants"].values():
+        written += add_variant_step(folder_path, variant, candidates, cfg.pad_id)
     manifest["files"].update(file_entries(folder_path, written))
     manifest["provenance"]["shortlist"] = how
     write_manifest(folder_path, manifest)

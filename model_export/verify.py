@@ -1,7 +1,9 @@
 """Checks a model folder against its checkpoint: the server's own loader (checksums, graph inputs and
 outputs), the config, the tokenizer files, and for every step graph of each variant checked (the step graph, the
-ragged one, the one-row one) ONNX Runtime vs PyTorch log-probabilities on several shapes and the greedy and
-beam-search token ids of the decoding loop over that graph against the PyTorch reference's.
+ragged one, the one-row one, the dense one, the shortlist one) ONNX Runtime vs PyTorch log-probabilities on several
+shapes and the greedy and beam-search token ids of the decoding loop over that graph against the PyTorch
+reference's. The shortlist step graph is held to the reference restricted to each sentence's candidates
+(reference.restricted), its log-probs compared at the candidates its top-K returns.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from service.model import ModelFolder, Tokenizer, load_model_folder
 
 SHAPES = ((1, 1, 4), (3, 7, 6), (5, 12, 9))  # (batch, longest source, decoder steps)
 # the VariantSpec fields verify runs (the dense one in a runtime of its own, whose caches are dense)
-STEP_GRAPHS = ("decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense")
+STEP_GRAPHS = (
+    "decoder_step", "decoder_step_ragged", "decoder_step_single", "decoder_step_dense", "decoder_step_shortlist"
+)
+SHORTLIST_TOP = 8  # the shortlist step's candidates compared per row (its graph returns no whole distribution)
 DEFAULT_TOLERANCE = 1e-4  # |log p| of an fp32 graph against PyTorch: summation order only (the CLI's --tolerance)
 # A variant of lower precision is held to its own tolerance, |log p| against PyTorch in float32 over the whole
 # vocabulary (its least likely tokens move most), and its greedy choices to within twice that of the reference's best
@@ -107,8 +112,8 @@ class PinnedRuntime(OnnxRuntime):
     each graph is checked on its own (the server picks among them per step: OnnxRuntime._step_graph). One runtime,
     its sessions opened once, serves every graph of its variant."""
 
-    def __init__(self, folder: ModelFolder, variant: str, dense: bool = False) -> None:
-        super().__init__(folder, variant, SessionSettings(dense_step=dense))
+    def __init__(self, folder: ModelFolder, variant: str, dense: bool = False, shortlist: bool = False) -> None:
+        super().__init__(folder, variant, SessionSettings(dense_step=dense, shortlist=shortlist))
         self.folder, self.variant, self.pinned = folder, variant, "decoder_step"
 
     def pin(self, graph: str) -> None:
@@ -136,7 +141,8 @@ def random_sources(cfg, batch: int, longest: int, rng: np.random.Generator) -> t
 
 def teacher_forced_diff(model: Transformer, runtime: OnnxRuntime, shape: tuple[int, int, int], seed: int) -> float:
     """Largest |log p| difference between torch `decode` and the ONNX step graph fed the same tokens; nan if
-    either side has a nan anywhere."""
+    either side has a nan anywhere. With a shortlist: at the SHORTLIST_TOP candidates the step returns per row,
+    against torch's restricted to the row's sentence's candidates (an id outside them: inf)."""
     batch, longest, steps = shape
     rng = np.random.default_rng(seed)
     src_ids, src_mask = random_sources(model.cfg, batch, longest, rng)
@@ -146,9 +152,29 @@ def teacher_forced_diff(model: Transformer, runtime: OnnxRuntime, shape: tuple[i
         expected = model(src_ids, src_mask, tgt).numpy()  # (B, T, V)
     memory = runtime.encode(src_ids.numpy(), src_mask.numpy())
     cache = runtime.new_cache()
-    cache.add(memory.keys, memory.values, src_mask.numpy())
-    diffs = [np.abs(runtime.step(tgt[:, t].numpy(), cache, full=True).log_probs - expected[:, t]) for t in range(steps)]
-    return float(np.max(diffs))  # np.max keeps a nan, where max() would drop it
+    cache.add(memory.keys, memory.values, src_mask.numpy(), candidates=memory.candidates)
+    if runtime.shortlist is None:
+        full = [runtime.step(tgt[:, t].numpy(), cache, full=True).log_probs for t in range(steps)]  # (B, V) each
+        diffs = [np.abs(log_probs - expected[:, t]) for t, log_probs in enumerate(full)]
+        return float(np.max(diffs))  # np.max keeps a nan, where max() would drop it
+    allowed = allowed_ids(runtime, src_ids, src_mask)  # (B, V)
+    expected = reference.restricted(torch.from_numpy(expected), allowed[:, None, :]).numpy()  # (B, T, V)
+    diffs = []
+    for t in range(steps):
+        out = runtime.step(tgt[:, t].numpy(), cache, candidates=SHORTLIST_TOP)  # (B, K) twice, best first
+        at = np.take_along_axis(expected[:, t], out.top_ids, axis=1)  # (B, K) torch's at the ids returned
+        diffs.append(np.abs(out.top_log_probs - at))  # inf where an id is not a candidate
+    return float(np.max(diffs))
+
+
+def allowed_ids(runtime: OnnxRuntime, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor | None:
+    """(B, V) each sentence's shortlist candidates (the runtime's own sets), or None without a shortlist."""
+    if runtime.shortlist is None:
+        return None
+    sets = runtime.shortlist.candidates(src_ids.numpy(), src_mask.numpy())  # (B, C)
+    allowed = torch.zeros((len(sets), runtime.folder.manifest.config.tgt_vocab_size), dtype=torch.bool)  # (B, V)
+    allowed[torch.arange(len(sets))[:, None], torch.from_numpy(sets)] = True
+    return allowed
 
 
 def same_decodings(
@@ -158,10 +184,11 @@ def same_decodings(
     score, whose steps may skip the log-softmax (format 8), as the server's greedy requests by default."""
     cfg = model.cfg
     src_ids, src_mask = random_sources(cfg, 4, 9, np.random.default_rng(seed))
+    allowed = allowed_ids(runtime, src_ids, src_mask)  # (B, V) or None
     if beam_size == 1:
-        expected = reference.greedy(model, src_ids, src_mask, max_new)
+        expected = reference.greedy(model, src_ids, src_mask, max_new, allowed)
     else:
-        expected = reference.beam_search(model, src_ids, src_mask, beam_size, max_new)
+        expected = reference.beam_search(model, src_ids, src_mask, beam_size, max_new, allowed=allowed)
     sources = [row[mask].tolist() for row, mask in zip(src_ids, src_mask, strict=True)]
     options = [SearchOptions(beam_size=beam_size, max_new_tokens=max_new, scored=scored)] * len(sources)
     rules = TokenRules(cfg.decoder_start_id, cfg.eos_id, cfg.pad_id)
@@ -182,10 +209,12 @@ def close_decodings(
     options = [SearchOptions(beam_size=beam_size, max_new_tokens=max_new, scored=scored)] * len(sources)
     rules = TokenRules(cfg.decoder_start_id, cfg.eos_id, cfg.pad_id)
     best = [hyps[0] for hyps in decode_batch(runtime, sources, options, rules)]
+    allowed = allowed_ids(runtime, src_ids, src_mask)  # (B, V) or None
     for row, hyp in enumerate(best):
         tgt = torch.tensor([[cfg.decoder_start_id, *hyp.tokens[:-1]]])  # (1, T)
         with torch.no_grad():
-            expected = model(src_ids[row : row + 1], src_mask[row : row + 1], tgt)[0].numpy()  # (T, V)
+            expected = model(src_ids[row : row + 1], src_mask[row : row + 1], tgt)[0]  # (T, V)
+        expected = reference.restricted(expected, None if allowed is None else allowed[row : row + 1]).numpy()
         expected[:, reference.banned_tokens(model)] = -np.inf
         chosen = expected[np.arange(len(hyp.tokens)), list(hyp.tokens)]  # (T,)
         if beam_size == 1 and not np.all(chosen >= expected.max(axis=1) - 2 * tolerance):
@@ -259,6 +288,10 @@ def verify_folder(
         spec, runtime = folder.variant(name), PinnedRuntime(folder, name)
         graphs = [graph for graph in STEP_GRAPHS if getattr(spec, graph) is not None]
         for graph in graphs:
-            checked = PinnedRuntime(folder, name, dense=True) if graph == "decoder_step_dense" else runtime
+            checked = runtime
+            if graph == "decoder_step_dense":
+                checked = PinnedRuntime(folder, name, dense=True)
+            elif graph == "decoder_step_shortlist":
+                checked = PinnedRuntime(folder, name, shortlist=True)
             reports.append(check_graph(model, checked, name, graph, seed, tolerance))
     return VerifyReport(tuple(reports), len(SHAPES))

@@ -11,7 +11,7 @@ from model_export.checkpoint import Checkpoint
 from model_export.export import export_folder
 from model_export.quantize import add_int8_variant
 from service.engine import kv_cache
-from tests.factories import tiny_checkpoint, train_sentencepiece, write_checkpoint
+from tests.factories import add_tiny_shortlist, tiny_checkpoint, train_sentencepiece, write_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -68,14 +68,6 @@ def unwritten_cache_slots_hold_nan(monkeypatch: pytest.MonkeyPatch) -> None:
 def shortlisted(quantized: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny int8 model with a shortlist of 64 candidates (of 96 ids) learned from a tiny parallel corpus, and
     its shortlist step graphs. Tests that alter it copy it first."""
-    from model_export.shortlist import add_shortlist, learn_from_corpus
-    from tests.factories import SENTENCES
-
     folder = Path(shutil.copytree(quantized, tmp_path_factory.mktemp("sl") / "tiny-en-fr"))
-    corpus = tmp_path_factory.mktemp("corpus")
-    english, french = SENTENCES[0:6] + SENTENCES[12:13], SENTENCES[6:12] + SENTENCES[13:14]
-    (corpus / "train.en").write_text("\n".join(english * 3) + "\n", encoding="utf-8")
-    (corpus / "train.fr").write_text("\n".join(french * 3) + "\n", encoding="utf-8")
-    lists = learn_from_corpus(folder, corpus, per_source=6, always=8, min_count=2, most=None)
-    add_shortlist(folder, lists, 64, {"corpus": "tests"})
+    add_tiny_shortlist(folder, tmp_path_factory.mktemp("corpus"))
     return folder

@@ -79,3 +79,15 @@ def product_weights(graph: Path) -> dict[str, np.ndarray]:
     constants = {t.name: t for t in model.graph.initializer}
     names = [node.input[1] for node in model.graph.node if node.op_type == "MatMulIntegerToFloat"]
     return {name: numpy_helper.to_array(constants[name]) for name in names}
+
+
+def add_tiny_shortlist(folder: Path, corpus: Path) -> None:
+    """A shortlist of 64 candidates (of the tiny tokenizer's 96 ids) learned from a parallel corpus of SENTENCES
+    written into `corpus`, and its shortlist step graphs, added to the folder."""
+    from model_export.shortlist import add_shortlist, learn_from_corpus
+
+    english, french = SENTENCES[0:6] + SENTENCES[12:13], SENTENCES[6:12] + SENTENCES[13:14]
+    (corpus / "train.en").write_text("\n".join(english * 3) + "\n", encoding="utf-8")
+    (corpus / "train.fr").write_text("\n".join(french * 3) + "\n", encoding="utf-8")
+    lists = learn_from_corpus(folder, corpus, per_source=6, always=8, min_count=2, most=None)
+    add_shortlist(folder, lists, 64, {"corpus": "tests"})

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from model_export.__main__ import main
+from model_export.errors import ExportError
+from model_export.quantize import add_int8_variant
 from model_export.shortlist import Lists, add_shortlist, learn, read_vmap, write_vmap
 from service.engine.batches import TokenRules, decode_batch, pad_batch
 from service.engine.decoding import SearchOptions
@@ -159,3 +161,24 @@ def test_the_command_learns_a_shortlist_into_the_folder_and_writes_its_vmap(quan
     mine, theirs = (np.load(f / "shortlist.npz") for f in (folder, imported))
     assert mine["always"].tolist() == theirs["always"].tolist()
     assert mine["targets"].tolist() == theirs["targets"].tolist()
+
+
+def test_quantizing_a_folder_with_a_shortlist_again_writes_the_new_int8_graphs_shortlist_step(
+    quantized: Path, tmp_path: Path
+) -> None:
+    """`quantize` replaces the int8 variant's step graph; its shortlist step graph is rebuilt from the new one (and
+    checksummed), not dropped, so the folder's int8 variant keeps its shortlist."""
+    folder = Path(shutil.copytree(quantized, tmp_path / "tiny"))
+    sources = load_model_folder(folder).manifest.config.src_vocab_size
+    lists = Lists(np.arange(4, 12), np.zeros(sources + 1, np.int64), np.zeros(0, np.int64))  # 8 targets always
+    add_shortlist(folder, lists, 64, {"test": True})
+    before = (folder / "decoder_step_shortlist.int8.onnx").read_bytes()
+    assert main(["quantize", "--model-dir", str(folder), "--per-tensor"]) == 0  # one weight scale per matrix
+    manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    assert manifest["variants"]["int8"]["decoder_step_shortlist"]["file"] == "decoder_step_shortlist.int8.onnx"
+    assert (folder / "decoder_step_shortlist.int8.onnx").read_bytes() != before  # the new weights' codes
+    spec = load_model_folder(folder).variant("int8")  # checksums verified
+    assert spec.decoder_step_shortlist is not None
+    with pytest.raises(ExportError, match="per-row"):  # a per-tensor step graph has no shortlist step graph
+        add_int8_variant(folder, activation_scales="per-tensor")
+    assert load_model_folder(folder).variant("int8").decoder_step_shortlist is not None  # nothing was changed

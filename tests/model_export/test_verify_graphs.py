@@ -11,13 +11,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import numpy_helper
 
+from model_export import reference
 from model_export.__main__ import EXIT_BAD_INPUT, main
 from model_export.checkpoint import Checkpoint, load
 from model_export.errors import ExportError
 from model_export.export import file_entries, write_manifest
-from model_export.verify import verify_folder
+from model_export.verify import random_sources, verify_folder
 from service.errors import ModelFolderError
 from service.model.folder import MANIFEST
 from tests.factories import tiny_checkpoint, train_sentencepiece
@@ -173,3 +175,38 @@ def test_a_one_row_graph_of_4_bits_is_held_to_its_own_tolerance(
     assert "int8 decoder_step_single: " in capsys.readouterr().out
     assert main([*args, "--tolerance", "1.0"]) == EXIT_BAD_INPUT  # 8 bits' tolerance: too tight for 4
     assert "int8 decoder_step_single FAILED" in capsys.readouterr().err
+
+
+def test_the_shortlist_step_graphs_are_held_to_the_reference_over_each_sentences_candidates(
+    shortlisted: Path, checkpoint: Checkpoint, tmp_path: Path
+) -> None:
+    """Each variant's shortlist step graph is run, pinned, against PyTorch restricted to each sentence's candidates
+    (and normalised over them): fp32 to fp32's tolerance with ids equal, int8 to its own; a fault in it is its own."""
+    folder = Path(shutil.copytree(shortlisted, tmp_path / "s"))
+    report = verify_folder(folder, checkpoint)
+    shortlist = [g for g in report.graphs if g.graph == "decoder_step_shortlist"]
+    assert [g.variant for g in shortlist] == ["fp32", "int8"]
+    assert report.ok and report.failed() == [], report.summary(1e-4)
+    assert shortlist[0].max_abs_diff < 1e-4 and shortlist[0].greedy_equal and shortlist[0].beam_equal
+    alter_weight(folder, "decoder_step_shortlist.onnx", "generator.bias", shifted)
+    assert verify_folder(folder, checkpoint, "fp32").failed() == ["fp32 decoder_step_shortlist"]
+
+
+def test_the_reference_restricted_to_candidates_chooses_only_among_them(checkpoint: Checkpoint) -> None:
+    """reference.restricted renormalises over each row's allowed ids; greedy and beam search restricted to a set
+    emit only its ids, and a set of every id changes nothing."""
+    model = checkpoint.build_model()
+    cfg = model.cfg
+    src_ids, src_mask = random_sources(cfg, 3, 7, np.random.default_rng(1))
+    allowed = torch.zeros((3, cfg.tgt_vocab_size), dtype=torch.bool)
+    allowed[:, [cfg.eos_id, *range(20, 30)]] = True
+    log_probs = torch.log_softmax(torch.randn(3, cfg.tgt_vocab_size), dim=-1)
+    kept = reference.restricted(log_probs, allowed)
+    assert torch.allclose(kept.exp().sum(dim=-1), torch.ones(3)) and torch.isinf(kept[~allowed]).all()
+    for decoded in (
+        reference.greedy(model, src_ids, src_mask, 6, allowed),
+        reference.beam_search(model, src_ids, src_mask, 3, 6, allowed=allowed),
+    ):
+        assert all(set(ids) <= {cfg.eos_id, *range(20, 30)} for ids in decoded)
+    every = torch.ones_like(allowed)
+    assert reference.greedy(model, src_ids, src_mask, 6, every) == reference.greedy(model, src_ids, src_mask, 6)

@@ -32,7 +32,7 @@ from service.model.tokenizer import Tokenizer
 from service.scheduling.jobs import BatchLimits, SentenceJob, Ticket
 from service.scheduling.scheduler import Scheduler
 from service.settings import Settings
-from tests.factories import tiny_checkpoint
+from tests.factories import add_tiny_shortlist, tiny_checkpoint
 from tests.service.test_e2e import running_server
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "en-fr"
@@ -59,6 +59,15 @@ def paper_size(spm_model: bytes, tmp_path_factory: pytest.TempPathFactory) -> Pa
     )
     folder = export_folder(checkpoint, tmp_path_factory.mktemp("paper") / "paper-size", "paper-size", "0.0.1")
     add_int8_variant(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def paper_size_shortlisted(paper_size: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The paper-size model with the tiny model's kind of shortlist (64 candidates of 96 ids) and its shortlist step
+    graphs."""
+    folder = Path(shutil.copytree(paper_size, tmp_path_factory.mktemp("paper-sl") / "paper-size"))
+    add_tiny_shortlist(folder, tmp_path_factory.mktemp("paper-corpus"))
     return folder
 
 
@@ -138,6 +147,13 @@ def test_with_a_shortlist_each_sentence_scores_its_own_candidates_whatever_its_b
 @pytest.mark.parametrize("variant", ["int8", "fp32"])
 def test_a_paper_size_models_outputs_do_not_depend_on_their_batch(paper_size: Path, variant: str) -> None:
     check_compositions(paper_size, variant, compositions=3)
+
+
+@pytest.mark.parametrize("variant", ["int8", "fp32"])
+def test_a_paper_size_model_with_a_shortlist_scores_each_sentences_own_candidates_whatever_its_batchs(
+    paper_size_shortlisted: Path, variant: str
+) -> None:
+    check_compositions(paper_size_shortlisted, variant, compositions=3, shortlist=True)
 
 
 @pytest.mark.parametrize("variant", ["int8", "fp32"])
