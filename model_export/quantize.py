@@ -94,7 +94,44 @@ def quantize_graph(
         source = target
     model = onnx.load(source)
     to_per_row_products(model, activation_rank, per_channel)
+    if activation_rank == 2:
+        defer_logit_scale(model)
     onnx.save(model, target)
+
+
+def defer_logit_scale(model: onnx.ModelProto) -> bool:
+    """The output projection's per-row scale, applied where it is needed rather than over all B x V logits: a row's
+    scale is positive, so its tokens' order is that of its unscaled logits, which the top-K reads (the product's
+    a_scale a constant 1: ONNX Runtime's MatMulIntegerToFloat then applies the weights' scales inside the product,
+    where a scale per row costs it one more pass over its output); the row's top-K values are scaled after it (B x
+    K), and the log-softmax branch scales the whole row first. Each value is the same product of the same two
+    numbers as before, so the outputs are unchanged but for ties that the scaling itself makes. Only for a step
+    graph whose product feeds the distribution alone (no bias Add between them; `onnx_graphs.distribution`).
+    Returns whether it rewrote the graph."""
+    graph = model.graph
+    products = [n for n in graph.node if n.op_type == "MatMulIntegerToFloat" and n.input[1] == "generator.weight_t.i8"]
+    choices = [n for n in graph.node if n.op_type == "If" and list(n.output) == ["log_probs", "top_log_probs"]]
+    if len(products) != 1 or len(choices) != 1:
+        return False
+    (product,), (choice,) = products, choices
+    logits, scale = product.output[0], product.input[2]  # (B, V), (B, 1)
+    branches = {a.name: a.g for a in choice.attribute}
+    softmax = [n for n in branches["then_branch"].node if n.op_type == "LogSoftmax" and n.input[0] == logits]
+    raw_top = [n for n in branches["else_branch"].node if n.op_type == "Identity"]
+    if len(softmax) != 1 or len(raw_top) != 1 or any(n.op_type == "Add" and logits in n.input for n in graph.node):
+        return False
+    unscaled = f"{logits}.unscaled"
+    graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), "row.one"))
+    product.input[2], product.output[0] = "row.one", unscaled  # (B, V) each row's logits over its scale
+    for each in list(graph.node) + list(branches["else_branch"].node):  # (the raw branch slices it for its shape)
+        each.input[:] = [unscaled if name == logits else name for name in each.input]
+    raw_top[0].op_type = "Mul"  # (B, top_k) the top logits, each row's times its scale
+    raw_top[0].input.append(scale)
+    branch = branches["then_branch"]
+    rows = [helper.make_node("Mul", [unscaled, scale], [logits])] + list(branch.node)  # (B, V) the logits
+    del branch.node[:]
+    branch.node.extend(rows)
+    return True
 
 
 def product_weights(weight: np.ndarray, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -266,3 +266,46 @@ def test_quantizing_again_without_the_shared_table_drops_it(quantized: Path, tmp
     manifest = load_model_folder(folder).manifest
     assert table not in manifest.files and not (folder / table).exists()
     assert not manifest.variants["int8"].shared_initializers and "decoder_step.onnx" in manifest.files
+
+
+def test_the_logits_scale_is_applied_after_the_top_k_with_the_same_results(
+    spm_model: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """quantize.defer_logit_scale, on a model without a logits bias (the default model's kind): the output
+    projection runs unscaled (its a_scale the constant 1) and each row's scale is applied to its top-K values, or to
+    its whole row before the log-softmax; every step's top ids and values, and log-probs, are those of the graph
+    that scales all logits in the product, bit for bit. A model with a logits bias keeps the scale in the product."""
+    checkpoint = tiny_checkpoint(spm_model, seed=5, output_bias=False)
+    folders = {}
+    for name in ("deferred", "in the product"):
+        folder = export_folder(checkpoint, tmp_path / name, "tiny-en-fr", "0.0.1")
+        if name == "in the product":
+            monkeypatch.setattr("model_export.quantize.defer_logit_scale", lambda model: False)
+        add_int8_variant(folder)
+        folders[name] = load_model_folder(folder)
+    step = onnx.load(folders["deferred"].path / "decoder_step.int8.onnx", load_external_data=False)
+    [product] = [n for n in step.graph.node if n.op_type == "MatMulIntegerToFloat" and "generator" in n.input[1]]
+    assert product.input[2] == "row.one"
+    cfg = folders["deferred"].manifest.config
+    outputs = {}
+    for name, folder in folders.items():
+        runtime = OnnxRuntime(folder, "int8")
+        rng = np.random.default_rng(2)
+        src_ids = rng.integers(4, cfg.src_vocab_size, (6, 9))  # (B, S)
+        src_mask = np.arange(9)[None, :] < rng.integers(1, 10, (6, 1))  # (B, S) ragged
+        memory = runtime.encode(src_ids, src_mask)
+        cache = runtime.new_cache()
+        cache.add(memory.keys, memory.values, src_mask)
+        steps = []
+        for t in range(6):
+            out = runtime.step(rng.integers(4, cfg.tgt_vocab_size, 6), cache, candidates=5, log_softmax=t % 2 == 1)
+            steps.append((out.top_ids, out.top_log_probs))
+        steps.append(runtime.step(rng.integers(4, cfg.tgt_vocab_size, 6), cache, full=True).log_probs)
+        outputs[name] = steps
+    for deferred, scaled in zip(outputs["deferred"], outputs["in the product"], strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(deferred, scaled, strict=True))
+    monkeypatch.undo()
+    biased = export_folder(tiny_checkpoint(spm_model, seed=5), tmp_path / "biased", "tiny-en-fr", "0.0.1")
+    add_int8_variant(biased)
+    step = onnx.load(biased / "decoder_step.int8.onnx", load_external_data=False)
+    assert "row.one" not in {n.input[2] for n in step.graph.node if n.op_type == "MatMulIntegerToFloat"}
