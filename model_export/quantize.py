@@ -118,7 +118,7 @@ def defer_logit_scale(model: onnx.ModelProto) -> bool:
     branches = {a.name: a.g for a in choice.attribute}
     softmax = [n for n in branches["then_branch"].node if n.op_type == "LogSoftmax" and n.input[0] == logits]
     raw_top = [n for n in branches["else_branch"].node if n.op_type == "Identity"]
-    if len(softmax) != 1 or len(raw_top) != 1 or any(n.op_type == "Add" and logits in n.input for n in graph.node):
+    if len(softmax) != 1 or len(raw_top) != 1:  # (a logits bias: the log-softmax reads the Add's output instead)
         return False
     unscaled = f"{logits}.unscaled"
     graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), "row.one"))
