@@ -48,16 +48,19 @@ def data_section(stats: dict) -> list[str]:
     splits = [split for split in pairs if split in ("train", "dev", "test") or pairs[split]]
     extra = [split for split in splits if split not in ("train", "dev", "test")]
     general = "".join(f", {pairs[split]:,} {split}" for split in extra)
-    groups_flag = " --groups all" if extra else ""
+    groups_flag = f" --groups {','.join(sorted(stats['groups']))}" if extra else ""
+    kinds = {entry.get("kind", "deb") for entry in stats["packages"].values()}
+    sources = "Debian bookworm packages, PyPI wheels and index files of Debian's archive"
+    if "index" not in kinds:
+        sources = "Debian bookworm packages and PyPI wheels"
     lines = [
         "## Data",
         "",
         f"{sum(pairs.values()):,} English→French pairs ({pairs['train']:,} train, {pairs['dev']:,} dev, "
         f"{pairs['test']:,} test{general}) from the French translations of {len(stats['packages'])} pinned "
-        "Debian bookworm packages and PyPI wheels (`model_export/corpus/packages.txt`: gettext catalogs, and in "
-        "the extra groups documentation built in both languages, game catalogs and a dictionary), rebuilt offline "
-        f"by `python -m model_export.corpus build{groups_flag}`. Dev and test were held out after grouping on a "
-        "normalised source (lower case, no punctuation, placeholders masked), so near-identical strings cannot "
+        f"{sources} (`model_export/corpus/packages.txt`, groups {', '.join(sorted(stats['groups']))}), rebuilt "
+        f"offline by `python -m model_export.corpus build{groups_flag}`. Dev and test were held out after grouping "
+        "on a normalised source (lower case, no punctuation, placeholders masked), so near-identical strings cannot "
         "leak.",
         "",
         _row("group", *splits),

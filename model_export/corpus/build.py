@@ -1,5 +1,5 @@
-"""The corpus build: fetch pinned archives, extract French catalogs (or dictionaries, or bilingual documentation),
-clean, deduplicate, split, write files.
+"""The corpus build: fetch pinned archives, extract French catalogs (or dictionaries, bilingual documentation,
+translated package metadata), clean, deduplicate, split, write files.
 
 Owns the output layout (`{train,dev,test}.{en,fr,origin}`, `{dev,test}.general.*` when a group is held out by
 document, stats.json, NOTICE, licenses/), not the rules.
@@ -18,7 +18,9 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from model_export.corpus import CorpusError
 from model_export.corpus.clean import clean_entry, count_reasons
+from model_export.corpus.descriptions import APPSTREAM_LICENCE, DESCRIPTIONS_LICENCE, read_appstream, read_descriptions
 from model_export.corpus.dictionary import is_dictionary_member, read_freedict
 from model_export.corpus.documents import is_document_member, read_documents
 from model_export.corpus.extract import RawPair, catalog_files, extract_archive, extract_files, read_catalog
@@ -69,6 +71,8 @@ def _progress() -> Progress:
 
 
 def _licence(pin: Pin, text: str) -> str:
+    if pin.kind == "index":
+        return text.split("\n", 1)[0]
     return debian_licence(text) if pin.kind == "deb" else wheel_licence(text)
 
 
@@ -80,7 +84,12 @@ def read_archive(
     archive: Path, pin: Pin, reader: str, cache: Path, others: list[Path]
 ) -> tuple[Iterator[RawPair], str]:
     """The raw pairs of an archive as its group's reader finds them, and its licence text; `others` are the
-    extracted pages of the other archives of a `pages` group, where a French build may be."""
+    extracted pages of the other archives of a `pages` group, where a French build may be, or the other files of
+    a `descriptions` group, where the English descriptions are."""
+    if reader == "descriptions":
+        return _descriptions(archive, pin, others), DESCRIPTIONS_LICENCE
+    if reader == "appstream":
+        return read_appstream(archive, pin.name), APPSTREAM_LICENCE
     if reader == "freedict":
         extracted = extract_files(archive, pin.name, cache / "extract-freedict", is_dictionary_member)
         pairs = read_freedict(extracted / "files", pin.name)
@@ -93,22 +102,43 @@ def read_archive(
     return pairs, (extracted / "LICENSE-SOURCE").read_text(encoding="utf-8", errors="replace")
 
 
+def _descriptions(archive: Path, pin: Pin, others: list[Path]) -> Iterator[RawPair]:
+    """The pairs of a French `Translation-fr` against the group's `Translation-en`; none from the English file."""
+    if not pin.name.endswith("-fr"):
+        return iter(())
+    english = next((o for o in others if o.name.endswith("-en")), None)
+    if english is None:
+        raise CorpusError(f"{pin.location} needs the English descriptions it translates: pin the suite's "
+                          "Translation-en in the same group")  # fmt: skip
+    return read_descriptions(archive, english, pin.name)
+
+
+def _siblings(archives: dict[Pin, Path], groups: dict[str, Group], cache: Path) -> dict[str, list[Path]]:
+    """Per group, the files its reader looks across: the extracted pages of a `pages` group, the index files of
+    a `descriptions` group."""
+    siblings: dict[str, list[Path]] = {}
+    for pin, archive in archives.items():
+        reader = groups[pin.group].reader
+        if reader == "pages":
+            siblings.setdefault(pin.group, []).append(_pages(archive, pin, cache))
+        elif reader == "descriptions":
+            siblings.setdefault(pin.group, []).append(archive)
+    return siblings
+
+
 def harvest(
     archives: dict[Pin, Path], groups: dict[str, Group], cache: Path, progress: Progress
 ) -> Harvest:
     """Extract every archive's French catalogs and clean their entries (the one long loop of the build)."""
     found = Harvest()
-    pages: dict[str, list[Path]] = {}
-    for pin, archive in archives.items():
-        if groups[pin.group].reader == "pages":
-            pages.setdefault(pin.group, []).append(_pages(archive, pin, cache))
+    siblings = _siblings(archives, groups, cache)
     task = progress.add_task("extract", total=len(archives), note="")
     for pin, archive in archives.items():
         progress.update(task, note=pin.name)
         reader = groups[pin.group].reader
-        pairs, copyright_text = read_archive(archive, pin, reader, cache, pages.get(pin.group, []))
+        pairs, copyright_text = read_archive(archive, pin, reader, cache, siblings.get(pin.group, []))
         found.copyrights[pin.name] = copyright_text
-        found.licences.append((pin.name, pin.version, pin.kind, _licence(pin, copyright_text)))
+        found.licences.append((pin.location or pin.name, pin.version, pin.kind, _licence(pin, copyright_text)))
         for raw in pairs:
             found.entries[pin.name] += 1
             kept, reasons = clean_entry(raw.source, raw.target, raw.fuzzy)
@@ -151,7 +181,7 @@ def stats_of(
     group_of = {p.name: p.group for p in pins}
     names = [s for s in (*SPLITS, *GENERAL_SPLITS) if s in splits]
     per_package = {
-        p.name: {"group": p.group, "version": p.version, "entries": found.entries[p.name]}
+        p.name: {"group": p.group, "kind": p.kind, "version": p.version, "entries": found.entries[p.name]}
         | dict.fromkeys(names, 0)
         for p in pins
     }
@@ -202,12 +232,15 @@ def make_splits(
         return splits
     others = without_keys(others, splits["dev"] + splits["test"])
     by_document = [
-        {p.name for p in pins if p.group == name} for name, g in groups.items() if g.holdout == "documents"
+        ({p.name for p in pins if p.group == name}, g.general)
+        for name, g in groups.items()
+        if g.holdout == "documents"
     ]
-    by_document = [packages for packages in by_document if packages]
+    by_document = [(packages, general) for packages, general in by_document if packages]
     if by_document:
         sizes = (options.general_dev_size, options.general_test_size)
-        general, others = split_general(others, by_document, *sizes, options.seed)
+        eligible, fixed = [packages for packages, _ in by_document], [general for _, general in by_document]
+        general, others = split_general(others, eligible, *sizes, options.seed, fixed)
         splits |= general
         splits["train"] = without_keys(splits["train"], general["dev.general"] + general["test.general"])
     splits["train"] += others

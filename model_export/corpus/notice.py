@@ -67,9 +67,10 @@ def notice_text(rows: list[tuple[str, str, str, str]], gettext_only: bool = True
         ]
     else:
         lines = [
-            "EN->FR training data: translation pairs taken from the French gettext catalogs, dictionaries and",
-            "documentation built in both languages of the following packages (Debian bookworm binary packages",
-            "and PyPI wheels). Their full copyright texts are in licenses/ beside this file.",
+            "EN->FR training data: translation pairs taken from the French gettext catalogs, dictionaries,",
+            "documentation built in both languages and translated package metadata of the following packages",
+            "and files (Debian bookworm binary packages, PyPI wheels and index files of the Debian archive).",
+            "Their full copyright texts are in licenses/ beside this file.",
         ]
     lines.append("")
     lines += [f"{name} {version} ({kind}): {licence}" for name, version, kind, licence in rows]

@@ -1,4 +1,5 @@
-"""Reads the pinned source list (`packages.txt`): debs as `name=version`, wheels as `name==version`, in groups.
+"""Reads the pinned source list (`packages.txt`): debs as `name=version`, wheels as `name==version`, index files of
+the Debian archive as `@suite/path=sha256`, in groups.
 
 A `# [group attribute...] description` comment starts a group; its attributes say whether the default build takes
 it, how its pairs are read and held out. Knows nothing of downloading.
@@ -14,20 +15,22 @@ from pathlib import Path
 from model_export.corpus import CorpusError
 
 DEFAULT_PINS = Path(__file__).with_name("packages.txt")
-READERS = ("gettext", "freedict", "pages")
+READERS = ("gettext", "freedict", "pages", "descriptions", "appstream")
 HOLDOUTS = ("pairs", "documents", "none")
 _GROUP_RE = re.compile(r"^#\s*\[([\w-]+)((?:\s+[\w-]+(?:=[\w.-]+)?)*)\s*\]")
 _PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.+_-]*)(==?)(\S+)$")
+_INDEX_RE = re.compile(r"^@([a-z0-9-]+)/((?:[\w.-]+/)*([\w.-]+))=([0-9a-f]{64})$")
 
 
 @dataclass(frozen=True)
 class Pin:
     """One pinned source archive."""
 
-    kind: str  # "deb" or "wheel"
-    name: str
-    version: str
+    kind: str  # "deb", "wheel" or "index" (a file of the Debian archive, e.g. main/i18n/Translation-fr)
+    name: str  # an index's file name
+    version: str  # an index's SHA-256, as the suite's signed InRelease lists it
     group: str
+    location: str = ""  # an index's suite and path: bookworm/main/i18n/Translation-fr
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class Group:
     splits, `none` training only.
     `cap`: at most this many of the group's pairs, drawn with the seed (only for `documents` and `none`, whose
     pairs are added after the dev/test of the others are drawn).
+    `general`: pairs of whole documents this group puts in each of dev.general and test.general (only for
+    `documents`); the groups without it share the build's general sizes equally, so adding a group with it leaves
+    theirs as they were.
     """
 
     name: str
@@ -47,23 +53,49 @@ class Group:
     reader: str = "gettext"
     holdout: str = "pairs"
     cap: int | None = None
+    general: int | None = None
+
+
+def _count(value: str | None, allowed: bool) -> bool:
+    """Whether an optional count attribute is absent, or a number where the group's holdout allows it."""
+    return value is None or (value.isdigit() and allowed)
 
 
 def parse_group(name: str, attributes: str, number: int) -> Group:
-    """A group from its header's attributes (`extra`, `reader=...`, `holdout=...`, `cap=N`)."""
+    """A group from its header's attributes (`extra`, `reader=...`, `holdout=...`, `cap=N`, `general=N`)."""
     values: dict[str, str] = {}
     for attribute in attributes.split():
         key, _, value = attribute.partition("=")
         values[key] = value
-    unknown = set(values) - {"extra", "reader", "holdout", "cap"}
-    reader, holdout, cap = values.get("reader", "gettext"), values.get("holdout", "pairs"), values.get("cap")
-    bad_cap = cap is not None and (not cap.isdigit() or holdout == "pairs")
-    if unknown or reader not in READERS or holdout not in HOLDOUTS or bad_cap:
+    unknown = set(values) - {"extra", "reader", "holdout", "cap", "general"}
+    reader, holdout = values.get("reader", "gettext"), values.get("holdout", "pairs")
+    cap, general = values.get("cap"), values.get("general")
+    counts = _count(cap, holdout != "pairs") and _count(general, holdout == "documents")
+    if unknown or reader not in READERS or holdout not in HOLDOUTS or not counts:
         raise CorpusError(
             f"packages list line {number}: group [{name}] has bad attributes {attributes.strip()!r} (known: extra, "
-            f"reader={'|'.join(READERS)}, holdout={'|'.join(HOLDOUTS)}, cap=N with holdout documents|none)"
+            f"reader={'|'.join(READERS)}, holdout={'|'.join(HOLDOUTS)}, cap=N with holdout documents|none, "
+            "general=N with holdout documents)"
         )
-    return Group(name, "extra" in values, reader, holdout, int(cap) if cap else None)
+    return Group(
+        name, "extra" in values, reader, holdout, int(cap) if cap else None, int(general) if general else None
+    )
+
+
+def parse_pin(line: str, group: str, number: int) -> Pin:
+    """One pin line: `name=version` (a deb), `name==version` (a wheel) or `@suite/path=sha256` (an index file)."""
+    index = _INDEX_RE.match(line)
+    if index:
+        suite, path, name, digest = index.groups()
+        return Pin("index", name, digest, group, f"{suite}/{path}")
+    match = _PIN_RE.match(line)
+    if not match:
+        raise CorpusError(
+            f"packages list line {number}: expected name=version, name==version or @suite/path=sha256, "
+            f"got {line!r}"
+        )
+    name, sign, version = match.groups()
+    return Pin("wheel" if sign == "==" else "deb", name, version, group)
 
 
 def parse_recipe(text: str) -> tuple[list[Pin], dict[str, Group]]:
@@ -80,14 +112,8 @@ def parse_recipe(text: str) -> tuple[list[Pin], dict[str, Group]]:
             groups[group] = parse_group(group, group_match.group(2), number)
         if not line or line.startswith("#"):
             continue
-        match = _PIN_RE.match(line)
-        if not match:
-            raise CorpusError(
-                f"packages list line {number}: expected name=version or name==version, got {line!r}"
-            )
-        name, sign, version = match.groups()
         groups.setdefault(group, Group(group))
-        pins.append(Pin("wheel" if sign == "==" else "deb", name, version, group))
+        pins.append(parse_pin(line, group, number))
     return pins, groups
 
 

@@ -163,13 +163,21 @@ def shares(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
+def group_shares(size: int, fixed: Sequence[int | None]) -> list[int]:
+    """Each group's pairs in a general split: its own fixed size, else an equal share of `size` among the groups
+    without one."""
+    free = iter(shares(size, sum(f is None for f in fixed) or 1))
+    return [f if f is not None else next(free) for f in fixed]
+
+
 def take_documents(
-    pairs: list[Pair], eligible: Sequence[set[str]], size: int, seed: int
+    pairs: list[Pair], eligible: Sequence[set[str]], sizes: Sequence[int], seed: int
 ) -> tuple[list[Pair], list[Pair]]:
-    """(held, rest): at most `size` pairs of whole documents, an equal share from each set of eligible packages (a
-    group), spread across its packages; from the rest also every pair whose normalised source a held-out pair has."""
+    """(held, rest): at most `sizes[i]` pairs of whole documents from each set of eligible packages (a group),
+    spread across its packages; from the rest also every pair whose normalised source a held-out pair has. A
+    group's documents are drawn from its own pairs alone, so another group's leave them as they are."""
     chosen: set[tuple[str, str]] = set()
-    for packages, share in zip(eligible, shares(size, len(eligible)), strict=True):
+    for packages, share in zip(eligible, sizes, strict=True):
         chosen |= _choose_documents(*_document_queues(pairs, packages, seed), share)
     held = [p for p in pairs if (p.package, p.document) in chosen]
     rest = without_keys([p for p in pairs if (p.package, p.document) not in chosen], held)
@@ -177,13 +185,19 @@ def take_documents(
 
 
 def split_general(
-    pairs: list[Pair], eligible: Sequence[set[str]], dev_size: int, test_size: int, seed: int
+    pairs: list[Pair],
+    eligible: Sequence[set[str]],
+    dev_size: int,
+    test_size: int,
+    seed: int,
+    fixed: Sequence[int | None] | None = None,
 ) -> tuple[dict[str, list[Pair]], list[Pair]]:
     """The general-domain `test.general` and `dev.general` splits, of whole documents of the eligible packages (one
-    set per group, each group an equal share), and the pairs left for the other splits (none sharing a normalised
-    source with a held-out pair)."""
-    test, rest = take_documents(pairs, eligible, test_size, seed)
-    dev, rest = take_documents(rest, eligible, dev_size, seed + 1)
+    set per group; a group's `fixed` size in each, else an equal share of the sizes with the other groups without
+    one), and the pairs left for the other splits (none sharing a normalised source with a held-out pair)."""
+    fixed = list(fixed) if fixed is not None else [None] * len(eligible)
+    test, rest = take_documents(pairs, eligible, group_shares(test_size, fixed), seed)
+    dev, rest = take_documents(rest, eligible, group_shares(dev_size, fixed), seed + 1)
     return {"dev.general": dev, "test.general": test}, rest
 
 

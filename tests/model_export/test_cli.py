@@ -270,3 +270,19 @@ def test_the_cards_architecture_line_says_what_the_config_says() -> None:
         SimpleNamespace(config=tiny_config(96, share_embeddings=False, tgt_vocab_size=80, tie_output=False))
     )
     assert "96-piece source and 80-piece target vocabularies, an output projection of its own" in separate
+
+
+def test_the_cards_data_section_names_the_groups_to_rebuild_and_the_kinds_of_source() -> None:
+    from model_export.card import data_section
+
+    pins = [Pin("deb", "a", "1.0", "apps"), Pin("index", "Translation-fr", "f" * 64, "descriptions", "x/y")]
+    splits = {name: [Pair("x", "y", "a")] for name in ("train", "dev", "test")}
+    splits["test.general"] = [Pair("z", "w", "Translation-fr")]
+    text = "\n".join(data_section(stats_of(pins, Harvest(), splits, {})))
+    assert "pinned Debian bookworm packages, PyPI wheels and index files of Debian's archive" in text
+    assert "groups apps, descriptions), rebuilt offline by `python -m model_export.corpus build --groups " \
+        "apps,descriptions`" in text  # fmt: skip
+    software_splits = {name: splits[name] for name in ("train", "dev", "test")}
+    software = "\n".join(data_section(stats_of(pins[:1], Harvest(), software_splits, {})))
+    assert "packages and PyPI wheels (`model_export/corpus/packages.txt`, groups apps), rebuilt offline by " \
+        "`python -m model_export.corpus build`." in software  # fmt: skip

@@ -31,6 +31,7 @@ from model_export.corpus.split import (
     cap_pairs,
     deduplicate,
     group_by_key,
+    group_shares,
     shares,
     split_general,
     split_pairs,
@@ -303,6 +304,18 @@ def test_parse_recipe():
         parse_recipe("coreutils 9.1\n")
 
 
+def test_parse_recipe_index_pins():
+    digest = "0123456789abcdef" * 4
+    header = "# [meta extra reader=descriptions holdout=documents general=40] descriptions\n"
+    text = f"{header}@bookworm/main/i18n/Translation-fr={digest}\n"
+    pins, groups = parse_recipe(text)
+    assert pins == [Pin("index", "Translation-fr", digest, "meta", "bookworm/main/i18n/Translation-fr")]
+    assert groups["meta"] == Group("meta", True, "descriptions", "documents", general=40)
+    for line in (f"@bookworm/main/i18n/Translation-fr={digest[:-1]}", f"@Bookworm/x={digest}", f"@bookworm={digest}"):
+        with pytest.raises(CorpusError, match="line 1: expected .* or @suite/path=sha256"):
+            parse_recipe(line + "\n")
+
+
 RECIPE = (
     "# [ui] interface\ncoreutils=9.1-1\n"
     "# [games extra holdout=documents] story\nwesnoth-data=1.16\n"
@@ -322,8 +335,10 @@ def test_group_attributes_and_selection():
 
 
 @pytest.mark.parametrize(
-    "header", ["[g reader=po]", "[g holdout=files]", "[g cap=x holdout=none]", "[g cap=5]", "[g x]"]
-)
+    "header",
+    ["[g reader=po]", "[g holdout=files]", "[g cap=x holdout=none]", "[g cap=5]", "[g x]", "[g general=5]",
+     "[g holdout=none general=5]", "[g holdout=documents general=x]"],
+)  # fmt: skip
 def test_bad_group_attributes(header):
     with pytest.raises(CorpusError, match="line 1: group \\[g\\] has bad attributes"):
         parse_recipe(f"# {header} text\na=1\n")
@@ -370,6 +385,15 @@ def test_general_splits_give_each_group_an_equal_share():
     test = general["test.general"]
     assert sum(p.package == "p0" for p in test) == 21 and sum(p.package != "p0" for p in test) == 20
     assert shares(41, 2) == [21, 20] and shares(3, 3) == [1, 1, 1]
+
+
+def test_a_group_with_a_fixed_general_size_leaves_the_others_test_as_it_was():
+    pairs = documents_corpus()
+    alone, _ = split_general(pairs, [{"p0"}, {"p1"}], dev_size=20, test_size=20, seed=1)
+    added, _ = split_general(pairs, [{"p0"}, {"p1"}, {"p2"}], 20, 20, seed=1, fixed=[None, None, 10])
+    assert [p for p in added["test.general"] if p.package != "p2"] == alone["test.general"]
+    assert sum(p.package == "p2" for p in added["test.general"]) == 10
+    assert group_shares(41, [None, 7, None]) == [21, 7, 20] and group_shares(5, [3]) == [3]
 
 
 def test_cap_pairs_is_seeded_and_keeps_others():
@@ -619,7 +643,7 @@ def test_build_groups_general_splits_and_stable_software_splits(tmp_path):
     notice = (out / "NOTICE").read_text()
     assert notice.startswith("Training data of the default EN->FR model") and "story 1.0 (wheel): MIT\n" in notice
     wide = notice_text([("d", "1", "deb", "GPL-2+")], gettext_only=False)
-    assert "gettext catalogs, dictionaries and\ndocumentation" in wide and wide.endswith("\nd 1 (deb): GPL-2+\n")
+    assert "gettext catalogs, dictionaries,\ndocumentation" in wide and wide.endswith("\nd 1 (deb): GPL-2+\n")
 
 
 def make_deb(folder: Path, name: str, files: dict[str, str]) -> Path:
