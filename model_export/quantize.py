@@ -63,6 +63,31 @@ ROW_TINY = 1e-30
 DENSE_FILE = "decoder_step_dense.int8.onnx"
 
 
+def names_read(nodes: list[onnx.NodeProto]) -> set[str]:
+    """Every tensor name the nodes read, those of their subgraphs (an If's branches) included."""
+    read: set[str] = set()
+    for each in nodes:
+        read.update(each.input)
+        for attribute in each.attribute:
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                read |= names_read(list(subgraph.node))
+    return read
+
+
+def replace_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto], removed: set[str]) -> None:
+    """The graph's nodes become `nodes`; the initializers in `removed` that none of them reads leave the file; the
+    contrib domain of the new products is declared."""
+    graph = model.graph
+    del graph.node[:]
+    graph.node.extend(nodes)
+    unread = removed - names_read(nodes)
+    kept = [t for t in graph.initializer if t.name not in unread]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(o.domain == graph_io.CONTRIB_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(graph_io.CONTRIB_DOMAIN, 1))
+
+
 def int8_name(file_name: str) -> str:
     return file_name.removesuffix(".onnx") + ".int8.onnx"
 
@@ -195,7 +220,7 @@ def to_per_row_products(model: onnx.ModelProto, rank: int, per_channel: bool = T
     for each in graph.node:
         for name in each.input:
             readers.setdefault(name, []).append(each)
-    nodes, replaced, widths, dropped = [], set(), set(), set()
+    nodes, replaced, widths, dropped, zero_biases = [], set(), set(), set(), set()
     for old in graph.node:
         if id(old) in dropped:
             continue
@@ -225,6 +250,7 @@ def to_per_row_products(model: onnx.ModelProto, rank: int, per_channel: bool = T
             if bias is not None and tuple(bias.dims) == (n,) and not numpy_helper.to_array(bias).any():
                 output = after[0].output[0]
                 dropped.add(id(after[0]))
+                zero_biases.add(after[0].input[1])  # left out of the file unless another node reads it
         product = output if lead is None else f"row.{output}.flat"
         nodes.append(
             node(
@@ -240,13 +266,7 @@ def to_per_row_products(model: onnx.ModelProto, rank: int, per_channel: bool = T
             ]
         replaced.add(w)
     graph.initializer.extend(numpy_helper.from_array(np.array([-1, k], np.int64), f"row.k{k}") for k in widths)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    kept = [t for t in graph.initializer if t.name not in replaced]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    if not any(o.domain == graph_io.CONTRIB_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(graph_io.CONTRIB_DOMAIN, 1))
+    replace_nodes(model, nodes, replaced | zero_biases)
     return len(replaced)
 
 
@@ -306,13 +326,7 @@ def to_single_row_products(model: onnx.ModelProto, block: int, bits: int) -> Non
             )
         )
         replaced.add(name)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    kept = [t for t in graph.initializer if t.name not in replaced]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    if not any(o.domain == graph_io.CONTRIB_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(graph_io.CONTRIB_DOMAIN, 1))
+    replace_nodes(model, nodes, replaced)
 
 
 def single_row_graph(source: Path, target: Path, per_channel: bool, embeddings: bool, bits: int = 8) -> None:

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from onnx import numpy_helper
 
 from model_export.evaluate import StaticBatches, evaluate, same_placeholders, translate_all
 from model_export.export import export_folder
-from model_export.quantize import add_int8_variant, blockwise
+from model_export.quantize import add_int8_variant, blockwise, names_read
 from service.api.app import create_app
 from service.engine.batches import TokenRules, decode_batch
 from service.engine.decoding import SearchOptions, output_cap
@@ -309,3 +310,22 @@ def test_the_logits_scale_is_applied_after_the_top_k_with_the_same_results(
     add_int8_variant(biased)
     step = onnx.load(biased / "decoder_step.int8.onnx", load_external_data=False)
     assert "row.one" not in {n.input[2] for n in step.graph.node if n.op_type == "MatMulIntegerToFloat"}
+
+
+def test_zero_biases_whose_add_the_int8_products_drop_leave_the_files(spm_model: bytes, tmp_path: Path) -> None:
+    """A product followed by an all-zero bias Add (a Marian model's final_logits_bias; here every bias) runs
+    without the Add, and the bias leaves the int8 graph too: every initializer of every int8 graph is read by a
+    node (ONNX Runtime would log one warning per unread one, at every start)."""
+    checkpoint = tiny_checkpoint(spm_model, seed=5, output_bias=False)
+    zeroed = {k: v.zero_() if k.endswith("bias") else v for k, v in checkpoint.state_dict.items()}
+    folder = export_folder(replace(checkpoint, state_dict=zeroed), tmp_path / "zero", "tiny-en-fr", "0.0.1")
+    add_int8_variant(folder)
+    for name in DYNAMIC_INT8_GRAPHS:
+        graph = onnx.load(folder / f"{name}.int8.onnx", load_external_data=False).graph
+        constants = {t.name for t in graph.initializer}
+        unread = constants - names_read(list(graph.node))
+        assert not unread, f"{name}: {sorted(unread)[:4]}"
+        assert not any(n.op_type == "Add" and n.input[1] in constants for n in graph.node)
+    fp32 = onnx.load(folder / "decoder_step.onnx", load_external_data=False).graph
+    assert any(t.name.endswith("bias") for t in fp32.initializer)  # the fp32 graphs keep theirs
+    assert OnnxRuntime(load_model_folder(folder), "int8").new_cache() is not None
