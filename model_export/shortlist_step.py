@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from model_export.onnx_graphs import MASKED, GraphBuilder, distribution
-from model_export.quantize import ROW_TINY, ROW_TOP
+from model_export.quantize import ROW_TINY, ROW_TOP, names_read
 
 GENERATORS = {"MatMul": "generator.weight_t", "MatMulIntegerToFloat": "generator.weight_t.i8"}
 BIAS = "generator.bias"
@@ -33,17 +33,9 @@ def generator_node(graph: onnx.GraphProto) -> onnx.NodeProto:
     return found[0]
 
 
-def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
-    """The names the node's subgraphs (an If's branches) read."""
-    names: set[str] = set()
-    for attribute in node.attribute:
-        if attribute.type == onnx.AttributeProto.GRAPH:
-            names |= {name for inner in attribute.g.node for name in inner.input}
-    return names
-
-
 def _reads(node: onnx.NodeProto) -> set[str]:
-    return set(node.input) | _subgraph_inputs(node)
+    """The names a node reads, its subgraphs' (an If's branches) included."""
+    return names_read([node])
 
 
 def cut_distribution(graph: onnx.GraphProto) -> tuple[str, str, str | None]:
