@@ -94,6 +94,10 @@ def add_fp16_variant(folder_path: Path, make_default: bool = False) -> dict:
         for tensor in spec["inputs"] + spec["outputs"]:
             if tensor["dtype"] == "float32" and tensor["name"] not in keep:
                 tensor["dtype"] = "float16"
-    return add_variant(
-        folder_path, manifest, variant, [variant["encoder"]["file"], variant["decoder_step"]["file"]], make_default
-    )
+    written = [variant["encoder"]["file"], variant["decoder_step"]["file"]]
+    if manifest.get("shortlist"):  # a folder with a shortlist: the float16 shortlist step graph too
+        from model_export.shortlist import add_variant_step, fp32_step_file  # here: shortlist_step imports to_half
+
+        candidates, pad_id = manifest["shortlist"]["candidates"], folder.manifest.config.pad_id
+        written += add_variant_step(folder_path, variant, candidates, pad_id, fp32_step_file(manifest))
+    return add_variant(folder_path, manifest, variant, written, make_default)

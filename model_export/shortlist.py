@@ -20,7 +20,7 @@ import sentencepiece as spm
 from model_export import graph_io
 from model_export.errors import ExportError
 from model_export.export import file_entries, write_manifest
-from model_export.shortlist_step import CANDIDATES, shortlist_step_graph
+from model_export.shortlist_step import CANDIDATES, half_shortlist_step_graph, shortlist_step_graph
 from service.engine import check_arrays
 from service.model import MANIFEST, ModelFolder, ModelFolderError, Tokenizer, load_model_folder
 
@@ -211,22 +211,35 @@ def shortlist_graph_entry(step: dict, candidates: int) -> dict:
     return {"file": "", "inputs": inputs, "outputs": outputs}
 
 
-def add_variant_step(folder_path: Path, variant: dict, candidates: int, pad_id: int) -> list[str]:
-    """Writes an fp32 or int8 variant's shortlist step graph from its step graph and records it in the variant (its
-    manifest JSON, changed in place): the file written, or none for a variant of another precision (the float16
-    variant's graphs, for GPUs, have no shortlist step)."""
-    if variant["precision"] not in ("fp32", "int8"):
+def add_variant_step(
+    folder_path: Path, variant: dict, candidates: int, pad_id: int, fp32_step: str | None = None
+) -> list[str]:
+    """Writes a variant's shortlist step graph and records it in the variant (its manifest JSON, changed in place):
+    an fp32 or int8 variant's from its own step graph, the float16 variant's from the fp32 variant's (`fp32_step`,
+    its file), converted as its step graph was. The file written, or none (a float16 variant without an fp32 one)."""
+    precision = variant["precision"]
+    if precision not in ("fp32", "int8", "fp16") or (precision == "fp16" and fp32_step is None):
         return []
     entry = shortlist_graph_entry(variant["decoder_step"], candidates)
-    entry["file"] = step_file(variant["precision"])
-    shortlist_step_graph(
-        folder_path / variant["decoder_step"]["file"], folder_path / entry["file"], candidates, pad_id
-    )
+    entry["file"] = step_file(precision)
+    if precision == "fp16":
+        keep = {o["name"] for o in entry["outputs"] if o["dtype"] == "float32"}  # the log-probabilities
+        half_shortlist_step_graph(folder_path / str(fp32_step), folder_path / entry["file"], candidates, pad_id, keep)
+    else:
+        shortlist_step_graph(
+            folder_path / variant["decoder_step"]["file"], folder_path / entry["file"], candidates, pad_id
+        )
     variant["decoder_step_shortlist"] = entry
     for initializer in variant.get("shared_initializers", []):
         if "decoder_step" in initializer["names"]:
             initializer["names"]["decoder_step_shortlist"] = initializer["names"]["decoder_step"]
     return [entry["file"]]
+
+
+def fp32_step_file(manifest: dict) -> str | None:
+    """The fp32 variant's step graph file (what the float16 variant's shortlist step is made from), if any."""
+    fp32 = manifest["variants"].get("fp32")
+    return fp32["decoder_step"]["file"] if fp32 else None
 
 
 def add_shortlist(folder_path: Path, lists: Lists, candidates: int, how: dict) -> dict:
@@ -242,8 +255,9 @@ def add_shortlist(folder_path: Path, lists: Lists, candidates: int, how: dict) -
     shared = tok.source_model == tok.target_model and cfg.src_vocab_size == cfg.tgt_vocab_size
     manifest["shortlist"] = {"file": SHORTLIST_FILE, "candidates": candidates, "copy_source": shared}
     written = [SHORTLIST_FILE]
+    fp32_step = fp32_step_file(manifest)
     for variant in manifest["variants"].values():
-        written += add_variant_step(folder_path, variant, candidates, cfg.pad_id)
+        written += add_variant_step(folder_path, variant, candidates, cfg.pad_id, fp32_step)
     manifest["files"].update(file_entries(folder_path, written))
     manifest["provenance"]["shortlist"] = how
     write_manifest(folder_path, manifest)

@@ -1,5 +1,6 @@
 """Rewrites a variant's step graph (fp32 or int8) into its shortlist step graph: the output projection scores each
-row's own candidates, its sentence's `candidate_ids` (N, C), not the whole vocabulary.
+row's own candidates, its sentence's `candidate_ids` (N, C), not the whole vocabulary. The float16 variant's is the
+fp32 one's converted as its other graphs are (half.to_half).
 
 Each sentence's rows of the output weight matrix are gathered, (N, C, D), and multiplied with its rows' hidden
 states, grouped as the cross-attention groups them (`sentence_rows`): a row's numbers depend on its own hidden state
@@ -16,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from model_export.half import to_half
 from model_export.onnx_graphs import MASKED, GraphBuilder, distribution
 from model_export.quantize import ROW_TINY, ROW_TOP, names_read
 
@@ -146,3 +148,14 @@ def shortlist_step_graph(source: Path, target: Path, candidates: int, pad_id: in
     model = onnx.load(source, load_external_data=False)
     add_shortlist_head(model, candidates, pad_id)
     onnx.save(model, target)
+
+
+def half_shortlist_step_graph(
+    fp32_step: Path, target: Path, candidates: int, pad_id: int, keep_float32: set[str]
+) -> None:
+    """The float16 variant's shortlist step graph from the fp32 variant's step graph file: its shortlist head added,
+    then every float weight, input and output in float16 but the outputs named in `keep_float32` (the
+    log-probabilities, as in the float16 step graph)."""
+    model = onnx.load(fp32_step)
+    add_shortlist_head(model, candidates, pad_id)
+    onnx.save(to_half(model, keep_float32), target)

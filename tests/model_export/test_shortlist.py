@@ -84,11 +84,20 @@ def restricted(log_probs: np.ndarray, candidates: np.ndarray, k: int) -> tuple[n
     return ids[order], kept[order]
 
 
-@pytest.mark.parametrize("variant", ["fp32", "int8"])
+@pytest.fixture(scope="module")
+def halved_shortlisted(shortlisted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shortlisted tiny model with a float16 variant, made after the shortlist (`half` writes its shortlist
+    step graph too)."""
+    folder = Path(shutil.copytree(shortlisted, tmp_path_factory.mktemp("sl16") / "tiny-en-fr"))
+    assert main(["half", "--model-dir", str(folder)]) == 0
+    return folder
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8", "fp16"])
 def test_the_shortlist_step_is_the_full_step_restricted_to_each_rows_candidates(
-    shortlisted: Path, variant: str
+    halved_shortlisted: Path, variant: str
 ) -> None:
-    folder = load_model_folder(shortlisted)
+    folder = load_model_folder(halved_shortlisted)
     settings = SessionSettings(intra_op_threads=1, single_row_step=False, ragged_step=False)
     full, short = (OnnxRuntime(folder, variant, replace(settings, shortlist=on)) for on in (False, True))
     sources = [[5, 6, 7, 8, 3], [9, 10, 3], [40, 41, 42, 43, 44, 45, 46, 3], [60, 61, 3]]
@@ -108,7 +117,8 @@ def test_the_shortlist_step_is_the_full_step_restricted_to_each_rows_candidates(
         for row in range(len(sources)):
             ids, values = restricted(whole.log_probs[row], candidates[row], 8)
             assert mine.top_ids[row].tolist() == ids.tolist()
-            np.testing.assert_allclose(mine.top_log_probs[row], values, atol=1e-4 if variant == "fp32" else 2e-3)
+            tolerance = {"fp32": 1e-4, "int8": 2e-3, "fp16": 2e-2}[variant]  # fp16: ~3 digits an activation
+            np.testing.assert_allclose(mine.top_log_probs[row], values, atol=tolerance)
             assert set(mine.top_ids[row].tolist()) <= set(candidates[row].tolist())
         tokens = mine.top_ids[:, 0]  # both caches take the same tokens
 
@@ -182,3 +192,27 @@ def test_quantizing_a_folder_with_a_shortlist_again_writes_the_new_int8_graphs_s
     with pytest.raises(ExportError, match="per-row"):  # a per-tensor step graph has no shortlist step graph
         add_int8_variant(folder, activation_scales="per-tensor")
     assert load_model_folder(folder).variant("int8").decoder_step_shortlist is not None  # nothing was changed
+
+
+def test_the_float16_variant_has_a_shortlist_step_graph_whichever_came_first(
+    halved_shortlisted: Path, checkpoint_path: Path, tmp_path: Path
+) -> None:
+    """`half` on a shortlisted folder, or `shortlist` on a folder with a float16 variant: the float16 variant's
+    shortlist step graph is the fp32 one's converted (float16 weights, inputs and cache; float32 log-probs), and
+    `verify` holds it to PyTorch restricted to each sentence's candidates."""
+    spec = load_model_folder(halved_shortlisted).variant("fp16").decoder_step_shortlist
+    assert spec is not None and spec.file == "decoder_step_shortlist.fp16.onnx"
+    dtypes = {t.role: t.dtype for t in spec.inputs + spec.outputs}
+    assert dtypes["candidate_ids"] == "int64" and dtypes["log_probs"] == "float32"
+    assert dtypes["self_key"] == "float16" and "log_softmax" not in dtypes  # the float16 step always normalises
+    assert main(["verify", "--checkpoint", str(checkpoint_path), "--model-dir", str(halved_shortlisted)]) == 0
+    later = Path(shutil.copytree(halved_shortlisted, tmp_path / "later"))
+    manifest = json.loads((later / MANIFEST).read_text(encoding="utf-8"))
+    del manifest["shortlist"]  # as if the shortlist came after `half`: `shortlist` adds every variant's step
+    for variant in manifest["variants"].values():
+        variant.pop("decoder_step_shortlist", None)
+    (later / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    lists = Lists(np.arange(4, 12), np.zeros(load_model_folder(later).manifest.config.src_vocab_size + 1, np.int64),
+                  np.zeros(0, np.int64))  # fmt: skip
+    add_shortlist(later, lists, 64, {"test": True})
+    assert load_model_folder(later).variant("fp16").decoder_step_shortlist is not None
