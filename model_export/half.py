@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from model_export.export import add_variant, fp32_copy
+from model_export.onnx_graphs import drop_unread_initializers
 
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504: the fp32 encoder's masking constant (fp32 min) becomes -65504
 FLOAT32_ROLES = {"log_probs", "top_log_probs"}  # outputs that stay float32
@@ -55,6 +56,7 @@ def always_normalised(graph: onnx.GraphProto) -> None:
     kept = [value for value in graph.input if value.name != LOG_SOFTMAX]
     del graph.input[:]
     graph.input.extend(kept)
+    drop_unread_initializers(graph)  # the constants of the branch left out
 
 
 def to_half(model: onnx.ModelProto, keep_float32: set[str]) -> onnx.ModelProto:

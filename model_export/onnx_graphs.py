@@ -26,6 +26,25 @@ DTYPES = {
 }
 
 
+def names_read(nodes: list[onnx.NodeProto]) -> set[str]:
+    """Every tensor name the nodes read, those of their subgraphs (an If's branches) included."""
+    read: set[str] = set()
+    for each in nodes:
+        read.update(each.input)
+        for attribute in each.attribute:
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                read |= names_read(list(subgraph.node))
+    return read
+
+
+def drop_unread_initializers(graph: onnx.GraphProto) -> None:
+    """The initializers no node reads leave the graph (ONNX Runtime would warn of each at every start)."""
+    read = names_read(list(graph.node))
+    kept = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).cpu().numpy()
 

@@ -25,6 +25,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from model_export import graph_io
 from model_export.errors import ExportError
 from model_export.export import add_variant, fp32_copy, variant_files, variant_graphs
+from model_export.onnx_graphs import names_read
 
 # With shared embeddings both int8 graphs quantize the same table the same way: it is written once, as ONNX
 # external data of both, and the server keeps one copy in memory (service.engine.runtime.shared_initializers).
@@ -61,17 +62,6 @@ WEIGHT_TOP = 64 if REDUCED_RANGE else 127  # the products' weight codes lie in [
 ROW_TOP = 127.0
 ROW_TINY = 1e-30
 DENSE_FILE = "decoder_step_dense.int8.onnx"
-
-
-def names_read(nodes: list[onnx.NodeProto]) -> set[str]:
-    """Every tensor name the nodes read, those of their subgraphs (an If's branches) included."""
-    read: set[str] = set()
-    for each in nodes:
-        read.update(each.input)
-        for attribute in each.attribute:
-            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                read |= names_read(list(subgraph.node))
-    return read
 
 
 def replace_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto], removed: set[str]) -> None:

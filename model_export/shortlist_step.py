@@ -18,8 +18,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from model_export.half import to_half
-from model_export.onnx_graphs import MASKED, GraphBuilder, distribution
-from model_export.quantize import ROW_TINY, ROW_TOP, names_read
+from model_export.onnx_graphs import MASKED, GraphBuilder, distribution, names_read
+from model_export.quantize import ROW_TINY, ROW_TOP
 
 GENERATORS = {"MatMul": "generator.weight_t", "MatMulIntegerToFloat": "generator.weight_t.i8"}
 BIAS = "generator.bias"

@@ -157,7 +157,7 @@ def teacher_forced_diff(model: Transformer, runtime: OnnxRuntime, shape: tuple[i
         full = [runtime.step(tgt[:, t].numpy(), cache, full=True).log_probs for t in range(steps)]  # (B, V) each
         diffs = [np.abs(log_probs - expected[:, t]) for t, log_probs in enumerate(full)]
         return float(np.max(diffs))  # np.max keeps a nan, where max() would drop it
-    allowed = allowed_ids(runtime, src_ids, src_mask)  # (B, V)
+    allowed = allowed_ids(runtime, src_ids, src_mask, model.cfg.tgt_vocab_size)  # (B, V)
     expected = reference.restricted(torch.from_numpy(expected), allowed[:, None, :]).numpy()  # (B, T, V)
     diffs = []
     for t in range(steps):
@@ -167,12 +167,15 @@ def teacher_forced_diff(model: Transformer, runtime: OnnxRuntime, shape: tuple[i
     return float(np.max(diffs))
 
 
-def allowed_ids(runtime: OnnxRuntime, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor | None:
-    """(B, V) each sentence's shortlist candidates (the runtime's own sets), or None without a shortlist."""
+def allowed_ids(
+    runtime: OnnxRuntime, src_ids: torch.Tensor, src_mask: torch.Tensor, vocab: int
+) -> torch.Tensor | None:
+    """(B, V) each sentence's shortlist candidates (the runtime's own sets) among the `vocab` target ids, or None
+    without a shortlist."""
     if runtime.shortlist is None:
         return None
     sets = runtime.shortlist.candidates(src_ids.numpy(), src_mask.numpy())  # (B, C)
-    allowed = torch.zeros((len(sets), runtime.folder.manifest.config.tgt_vocab_size), dtype=torch.bool)  # (B, V)
+    allowed = torch.zeros((len(sets), vocab), dtype=torch.bool)  # (B, V)
     allowed[torch.arange(len(sets))[:, None], torch.from_numpy(sets)] = True
     return allowed
 
@@ -184,7 +187,7 @@ def same_decodings(
     score, whose steps may skip the log-softmax (format 8), as the server's greedy requests by default."""
     cfg = model.cfg
     src_ids, src_mask = random_sources(cfg, 4, 9, np.random.default_rng(seed))
-    allowed = allowed_ids(runtime, src_ids, src_mask)  # (B, V) or None
+    allowed = allowed_ids(runtime, src_ids, src_mask, cfg.tgt_vocab_size)  # (B, V) or None
     if beam_size == 1:
         expected = reference.greedy(model, src_ids, src_mask, max_new, allowed)
     else:
@@ -209,7 +212,7 @@ def close_decodings(
     options = [SearchOptions(beam_size=beam_size, max_new_tokens=max_new, scored=scored)] * len(sources)
     rules = TokenRules(cfg.decoder_start_id, cfg.eos_id, cfg.pad_id)
     best = [hyps[0] for hyps in decode_batch(runtime, sources, options, rules)]
-    allowed = allowed_ids(runtime, src_ids, src_mask)  # (B, V) or None
+    allowed = allowed_ids(runtime, src_ids, src_mask, cfg.tgt_vocab_size)  # (B, V) or None
     for row, hyp in enumerate(best):
         tgt = torch.tensor([[cfg.decoder_start_id, *hyp.tokens[:-1]]])  # (1, T)
         with torch.no_grad():

@@ -11,6 +11,7 @@ import pytest
 
 from model_export.__main__ import main
 from model_export.half import add_fp16_variant
+from model_export.onnx_graphs import names_read
 from model_export.verify import same_decodings, teacher_forced_diff
 from service.engine.runtime import OnnxRuntime
 from service.errors import ModelFolderError
@@ -59,8 +60,10 @@ def test_the_float16_step_always_normalises(halved: Path) -> None:
     folder = load_model_folder(halved)
     step = folder.variant("fp16").decoder_step
     assert not step.named("log_softmax") and folder.variant("fp32").decoder_step.named("log_softmax")
-    ops = [node.op_type for node in onnx.load(halved / step.file).graph.node]
+    graph = onnx.load(halved / step.file).graph
+    ops = [node.op_type for node in graph.node]
     assert "If" not in ops and ops.count("LogSoftmax") == 1  # its top-K (two-stage, several TopK) reads the logits
+    assert {t.name for t in graph.initializer} <= names_read(list(graph.node))  # the other branch's constants gone
     half, full = OnnxRuntime(folder, "fp16"), OnnxRuntime(folder, "fp32")
     ids, mask = np.arange(4, 10)[None], np.ones((1, 6), np.bool_)
     outputs = []

@@ -15,7 +15,8 @@ from onnx import numpy_helper
 
 from model_export.evaluate import StaticBatches, evaluate, same_placeholders, translate_all
 from model_export.export import export_folder
-from model_export.quantize import add_int8_variant, blockwise, names_read
+from model_export.onnx_graphs import names_read
+from model_export.quantize import add_int8_variant, blockwise
 from service.api.app import create_app
 from service.engine.batches import TokenRules, decode_batch
 from service.engine.decoding import SearchOptions, output_cap

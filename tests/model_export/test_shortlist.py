@@ -10,10 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from model_export.__main__ import main
 from model_export.errors import ExportError
+from model_export.onnx_graphs import names_read
 from model_export.quantize import add_int8_variant
 from model_export.shortlist import Lists, add_shortlist, learn, read_vmap, write_vmap
 from service.engine.batches import TokenRules, decode_batch, pad_batch
@@ -205,6 +207,8 @@ def test_the_float16_variant_has_a_shortlist_step_graph_whichever_came_first(
     dtypes = {t.role: t.dtype for t in spec.inputs + spec.outputs}
     assert dtypes["candidate_ids"] == "int64" and dtypes["log_probs"] == "float32"
     assert dtypes["self_key"] == "float16" and "log_softmax" not in dtypes  # the float16 step always normalises
+    graph = onnx.load(halved_shortlisted / spec.file).graph
+    assert {t.name for t in graph.initializer} <= names_read(list(graph.node))
     assert main(["verify", "--checkpoint", str(checkpoint_path), "--model-dir", str(halved_shortlisted)]) == 0
     later = Path(shutil.copytree(halved_shortlisted, tmp_path / "later"))
     manifest = json.loads((later / MANIFEST).read_text(encoding="utf-8"))

@@ -8,6 +8,8 @@ step), and a step graph that computed GroupQueryAttention's lengths itself (form
 slot 0 on CUDA, as for a prompt's first step."""
 
 import importlib.util
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ from model_export.half import add_fp16_variant
 from model_export.verify import same_decodings, teacher_forced_diff
 from service.engine.runtime import OnnxRuntime, SessionSettings
 from service.model.folder import load_model_folder
-from tests.factories import tiny_checkpoint
+from tests.factories import add_tiny_shortlist, tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(
     "CUDAExecutionProvider" not in ort.get_available_providers() or importlib.util.find_spec("cupy") is None,
@@ -53,6 +55,23 @@ def test_fp16_on_cuda_matches_pytorch_with_the_cache_in_gpu_memory(halved: tuple
     assert runtime.providers[0] == "CUDAExecutionProvider" and runtime.new_cache().on_gpu
     model = checkpoint.build_model()
     for seed, shape in enumerate([(1, 1, 3), (4, 11, 5), (3, 6, 40)]):
+        assert teacher_forced_diff(model, runtime, shape, seed) < ON_CUDA_TOLERANCE
+    assert same_decodings(model, runtime, 1, seed=0) and same_decodings(model, runtime, 4, seed=0)
+
+
+def test_the_fp16_shortlist_step_on_cuda_matches_pytorch_restricted_to_the_candidates(
+    halved: tuple[Checkpoint, Path], tmp_path: Path
+) -> None:
+    """The float16 shortlist step graph (the fp32 one converted) with the cache in GPU memory: each row's
+    log-probs over its sentence's candidates and its greedy and beam-4 ids, against PyTorch restricted to them."""
+    checkpoint, folder = halved
+    copy = Path(shutil.copytree(folder, tmp_path / "shortlisted"))
+    (tmp_path / "corpus").mkdir()
+    add_tiny_shortlist(copy, tmp_path / "corpus")
+    runtime = OnnxRuntime(load_model_folder(copy), "fp16", replace(CUDA, shortlist=True))
+    assert runtime.new_cache().on_gpu
+    model = checkpoint.build_model()
+    for seed, shape in enumerate([(1, 1, 3), (4, 11, 5)]):
         assert teacher_forced_diff(model, runtime, shape, seed) < ON_CUDA_TOLERANCE
     assert same_decodings(model, runtime, 1, seed=0) and same_decodings(model, runtime, 4, seed=0)
 
