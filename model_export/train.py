@@ -267,14 +267,17 @@ def initialised_from(path: Path) -> dict[str, str]:
     return record
 
 
-def save_checkpoint(path: Path, model: Transformer, optimizer, progress: Progress, opts: TrainOptions) -> None:  # noqa: ANN001
+def save_checkpoint(  # noqa: ANN001
+    path: Path, model: Transformer, optimizer, progress: Progress, opts: TrainOptions, origin: dict | None = None
+) -> None:
+    """A resumable checkpoint; `origin`: what the run was initialised from (initialised_from), for the card."""
     rare = training_rare_letters(opts.corpus, opts.source_language, opts.tokenizer)
     files = {"spm.model": opts.tokenizer.read_bytes()}
     tokenizer = ckpt.TokenizerFiles(files, "spm.model", "spm.model", rare_letters=rare)
     provenance = {
         "name": f"{opts.source_language}-{opts.target_language}",
         "trained_on": str(opts.corpus),
-        **({"initialised_from": initialised_from(opts.init)} if opts.init else {}),
+        **({"initialised_from": origin} if origin else {}),
         "options": {k: str(v) for k, v in asdict(opts).items()},
     }
     training = {
@@ -351,12 +354,17 @@ def train(opts: TrainOptions) -> Path:
     # 2. model and optimizer, or the state of an interrupted run
     torch.manual_seed(opts.seed)
     random.seed(opts.seed)
-    model = initial_model(sp, opts).to(opts.device)
+    existing = checkpoint_files(opts.out)
+    resumed = ckpt.load(existing[-1]) if existing else None
+    # a resumed run rebuilds its model from its own checkpoint: --init's weights were its start, not its state
+    model = (Transformer(resumed.config) if resumed is not None else initial_model(sp, opts)).to(opts.device)
+    if resumed is not None:
+        origin = resumed.provenance.get("initialised_from")
+    else:
+        origin = initialised_from(opts.init) if opts.init else None
     optimizer = torch.optim.Adam(model.parameters(), lr=opts.peak_lr, betas=(0.9, 0.98), eps=1e-9)
     progress = Progress()
-    existing = checkpoint_files(opts.out)
-    if existing:
-        resumed = ckpt.load(existing[-1])
+    if resumed is not None:
         model.load_state_dict(resumed.state_dict)
         optimizer.load_state_dict(resumed.training["optimizer"])
         progress = Progress(**resumed.training["progress"])
@@ -404,17 +412,19 @@ def train(opts: TrainOptions) -> Path:
             bar.write(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
             last_eval = time.monotonic()
         if (now - last_save) / 60 >= opts.checkpoint_every_minutes:
-            _save_and_prune(model, optimizer, progress, opts)
+            _save_and_prune(model, optimizer, progress, opts, origin)
             last_save = time.monotonic()
     bar.close()
-    _save_and_prune(model, optimizer, progress, opts)
+    _save_and_prune(model, optimizer, progress, opts, origin)
     final = average_checkpoints(checkpoint_files(opts.out)[-opts.keep_checkpoints :])
     final_path = opts.out / "final.pt"
     ckpt.save(final, final_path)
     return final_path
 
 
-def _save_and_prune(model: Transformer, optimizer, progress: Progress, opts: TrainOptions) -> None:  # noqa: ANN001
-    save_checkpoint(opts.out / f"step-{progress.step}.pt", model, optimizer, progress, opts)
+def _save_and_prune(  # noqa: ANN001
+    model: Transformer, optimizer, progress: Progress, opts: TrainOptions, origin: dict | None
+) -> None:
+    save_checkpoint(opts.out / f"step-{progress.step}.pt", model, optimizer, progress, opts, origin)
     for old in checkpoint_files(opts.out)[: -opts.keep_checkpoints]:
         old.unlink()

@@ -9,7 +9,7 @@ import torch
 from model_export import checkpoint
 from model_export.errors import ExportError
 from model_export.export import export_folder
-from model_export.train import TrainOptions, learning_rate, make_batches, train
+from model_export.train import TrainOptions, initialised_from, learning_rate, make_batches, train
 from service.model.folder import load_model_folder
 from tests.factories import SENTENCES, train_sentencepiece
 
@@ -79,6 +79,21 @@ def test_fine_tunes_from_a_checkpoint_keeping_its_architecture(options: TrainOpt
     assert tuned.training["progress"]["step"] == 1  # a fresh schedule, not the first run's step count
     moved = max(float((tuned.state_dict[k] - v).abs().max()) for k, v in start.state_dict.items())
     assert moved < 1e-4  # one step at lr 1e-7 from the given weights (a fresh model would differ everywhere)
+
+
+def test_a_fine_tuning_run_resumes_from_its_own_checkpoint_without_reading_init(
+    options: TrainOptions, tmp_path: Path
+) -> None:
+    train(TrainOptions(**{**vars(options), "max_steps": 1}))
+    start = tmp_path / "start.pt"
+    (options.out / "final.pt").rename(start)
+    tuned = {**vars(options), "out": tmp_path / "tuned", "init": start, "max_steps": 1}
+    first = checkpoint.load(train(TrainOptions(**tuned)))
+    start.unlink()  # gone: a resumed run reads its own last checkpoint, not --init
+    initialised_from.cache_clear()  # as in a new process
+    resumed = checkpoint.load(train(TrainOptions(**{**tuned, "max_steps": 2})))
+    assert resumed.training["progress"]["step"] == 2 and resumed.config == first.config
+    assert resumed.provenance["initialised_from"] == first.provenance["initialised_from"]
 
 
 def test_fine_tuning_refuses_a_checkpoint_of_another_tokenizer(options: TrainOptions, tmp_path: Path) -> None:
