@@ -69,9 +69,9 @@ def _run(command: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
         raise FetchError(f"{command[0]} is not installed (needed to fetch packages)") from exc
 
 
-def apt_update(cwd: Path) -> None:
-    """Refresh apt's package lists (needs root)."""
-    result = _run(["apt-get", "update"], cwd)
+def apt_update(cwd: Path, options: Sequence[str] = ()) -> None:
+    """Refresh apt's package lists (needs root), or with `options` the lists they name."""
+    result = _run(["apt-get", "update", *options], cwd)
     if result.returncode != 0:
         raise FetchError(f"apt-get update failed: {result.stderr.strip().splitlines()[-1:]}")
 
@@ -167,9 +167,7 @@ def fetch_indexes(pins: Sequence[Pin], cache: Path) -> None:
     cache's own lists, leaving the system's as they were, then keep each one whose hash is pinned."""
     lists = (cache / "apt" / "lists").resolve()
     (lists / "partial").mkdir(parents=True, exist_ok=True)
-    result = _run(["apt-get", "update", *index_update_options(pins, lists)], cache)
-    if result.returncode != 0:
-        raise FetchError(f"apt-get update failed: {result.stderr.strip().splitlines()[-1:]}")
+    apt_update(cache, index_update_options(pins, lists))
     for pin in pins:
         found = lists_file(pin, lists)
         if found is None:
