@@ -50,9 +50,11 @@ def data_section(stats: dict) -> list[str]:
     general = "".join(f", {pairs[split]:,} {split}" for split in extra)
     groups_flag = f" --groups {','.join(sorted(stats['groups']))}" if extra else ""
     kinds = {entry.get("kind", "deb") for entry in stats["packages"].values()}
-    sources = "Debian bookworm packages, PyPI wheels and index files of Debian's archive"
-    if "index" not in kinds:
-        sources = "Debian bookworm packages and PyPI wheels"
+    sources = (
+        "Debian bookworm packages, PyPI wheels and index files of Debian's archive"
+        if "index" in kinds
+        else "Debian bookworm packages and PyPI wheels"
+    )
     lines = [
         "## Data",
         "",

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from model_export.half import to_half
-from model_export.onnx_graphs import MASKED, GraphBuilder, distribution, names_read
+from model_export.onnx_graphs import MASKED, GraphBuilder, distribution, drop_unread_initializers, names_read
 from model_export.quantize import ROW_TINY, ROW_TOP
 
 GENERATORS = {"MatMul": "generator.weight_t", "MatMulIntegerToFloat": "generator.weight_t.i8"}
@@ -63,15 +63,13 @@ def prune(graph: onnx.GraphProto) -> None:
     """Nodes whose outputs nothing reads, and initializers nothing reads, leave the graph."""
     outputs = {o.name for o in graph.output}
     while True:
-        read = outputs | {name for node in graph.node for name in _reads(node)}
+        read = outputs | names_read(list(graph.node))
         kept = [node for node in graph.node if read & set(node.output)]
         if len(kept) == len(graph.node):
             break
         del graph.node[:]
         graph.node.extend(kept)
-    used = [t for t in graph.initializer if t.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(used)
+    drop_unread_initializers(graph)
 
 
 def _fp32_scores(g: GraphBuilder, hidden: str, weight: np.ndarray) -> str:
