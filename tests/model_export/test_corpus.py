@@ -7,6 +7,7 @@ No network: catalogs are built with polib at test time and packed into a zip (a 
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
 import subprocess
 import zipfile
@@ -25,7 +26,7 @@ from model_export.corpus.extract import catalog_files, choose_catalogs, extract_
 from model_export.corpus.fetch import cached_archive, deb_glob
 from model_export.corpus.manpages import plain, roff_blocks
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
-from model_export.corpus.pins import Group, Pin, parse_recipe, select_groups
+from model_export.corpus.pins import Group, Pin, load_recipe, parse_recipe, select_groups
 from model_export.corpus.split import (
     Pair,
     cap_pairs,
@@ -302,6 +303,19 @@ def test_parse_recipe():
     assert groups == {"ui": Group("ui"), "wheels": Group("wheels")}
     with pytest.raises(CorpusError, match="line 1"):
         parse_recipe("coreutils 9.1\n")
+
+
+def test_shipped_recipe_holds_every_group_the_default_model_was_built_from():
+    """models/en-fr's card names the groups to rebuild its corpus with; the groups added since are extra (built
+    only when named), so the default build and those groups stay the shipped model's recipe."""
+    pins, groups = load_recipe()
+    card = (Path(__file__).parents[2] / "models" / "en-fr" / "README.md").read_text(encoding="utf-8")
+    shipped = re.search(r"--groups ([a-z,]+)", card).group(1).split(",")
+    assert set(shipped) <= set(groups)
+    assert {name for name, g in groups.items() if not g.extra} <= set(shipped)
+    assert all(groups[name].extra for name in groups if name not in shipped)
+    assert {p.group for p in pins} == set(groups)
+    assert groups["survival"] == Group("survival", True, holdout="none")  # training only: one catalog
 
 
 def test_parse_recipe_index_pins():
