@@ -23,7 +23,15 @@ from model_export.corpus.clean import clean_entry, count_reasons
 from model_export.corpus.descriptions import APPSTREAM_LICENCE, DESCRIPTIONS_LICENCE, read_appstream, read_descriptions
 from model_export.corpus.dictionary import is_dictionary_member, read_freedict
 from model_export.corpus.documents import is_document_member, read_documents
-from model_export.corpus.extract import RawPair, catalog_files, extract_archive, extract_files, read_catalog
+from model_export.corpus.extract import (
+    RawPair,
+    catalog_files,
+    choose_catalogs,
+    extract_archive,
+    extract_files,
+    is_po_catalog,
+    read_catalog,
+)
 from model_export.corpus.fetch import fetch_all
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
 from model_export.corpus.pins import Group, Pin
@@ -96,10 +104,20 @@ def read_archive(
     elif reader == "pages":
         extracted = _pages(archive, pin, cache)
         pairs = read_documents(extracted / "files", pin.name, [o / "files" for o in others if o != extracted])
+    elif reader == "po":
+        extracted = extract_files(archive, pin.name, cache / "extract-po", is_po_catalog)
+        pairs = _po_pairs(extracted / "files", pin.name)
     else:
         extracted = extract_archive(archive, pin.name, cache / "extract")
         pairs = (raw for mo in catalog_files(extracted) for raw in read_catalog(mo, pin.name, mo.stem))
     return pairs, (extracted / "LICENSE-SOURCE").read_text(encoding="utf-8", errors="replace")
+
+
+def _po_pairs(files: Path, package: str) -> Iterator[RawPair]:
+    """The pairs of an archive's French .po catalogs (plain French over regional variants), each catalog a
+    document named by its path (a level's `levels/world1/fr`, a mod's `mods/x/languages/data.fr`)."""
+    paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob("*.po")], ".po")
+    return (raw for path in paths for raw in read_catalog(files / path, package, path.removesuffix(".po")))
 
 
 def _descriptions(archive: Path, pin: Pin, others: list[Path]) -> Iterator[RawPair]:

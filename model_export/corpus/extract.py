@@ -45,10 +45,11 @@ class RawPair:
     fuzzy: bool = False
 
 
-def path_locale(path: str) -> str | None:
-    """The French locale a catalog path belongs to (`fr`, `fr_FR`, `fr_CA`...), None if not French."""
+def path_locale(path: str, suffix: str = ".mo") -> str | None:
+    """The French locale a catalog path (compiled `.mo`, or `.po` sources) belongs to (`fr`, `fr_FR`, `fr_CA`...),
+    None if not French."""
     parts = PurePosixPath(path.replace("!", "/")).parts
-    if not path.endswith(".mo"):
+    if not path.endswith(suffix):
         return None
     for part in reversed(parts[:-1]):
         match = _LOCALE_RE.match(part)
@@ -58,11 +59,11 @@ def path_locale(path: str) -> str | None:
     return match.group(1) if match else None
 
 
-def choose_catalogs(paths: Iterable[str]) -> list[str]:
+def choose_catalogs(paths: Iterable[str], suffix: str = ".mo") -> list[str]:
     """Keep the fr/fr_FR catalogs; regional variants only when an archive has no plain French at all."""
     by_locale: dict[str, list[str]] = {}
     for path in paths:
-        locale = path_locale(path)
+        locale = path_locale(path, suffix)
         if locale is not None:
             by_locale.setdefault(locale, []).append(path)
     for wanted in (PREFERRED_LOCALES, VARIANT_LOCALES[:1], VARIANT_LOCALES[1:]):
@@ -70,6 +71,11 @@ def choose_catalogs(paths: Iterable[str]) -> list[str]:
         if chosen:
             return chosen
     return []
+
+
+def is_po_catalog(name: str) -> bool:
+    """A French gettext catalog shipped as its `.po` source (games that compile none: Flare, SuperTux...)."""
+    return path_locale(name, ".po") is not None
 
 
 def _is_locale_zip(name: str) -> bool:
@@ -190,13 +196,16 @@ def catalog_files(extracted: Path) -> list[Path]:
 
 
 def read_catalog(path: Path, package: str, catalog: str) -> Iterator[RawPair]:
-    """Every msgid/msgstr pair of a .mo; plurals give (msgid, msgstr[0]) and (msgid_plural, msgstr[1])."""
+    """Every msgid/msgstr pair of a .mo or .po (its obsolete entries left out); plurals give (msgid, msgstr[0])
+    and (msgid_plural, msgstr[1]); a fuzzy entry is marked so, for the cleaning to drop."""
     try:
-        mo = polib.mofile(str(path))
+        entries = polib.pofile(str(path)) if path.suffix == ".po" else polib.mofile(str(path))
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         log.warning("skipping unreadable catalog %s: %s", path, exc)
         return
-    for entry in mo:
+    for entry in entries:
+        if entry.obsolete:
+            continue
         fuzzy = "fuzzy" in entry.flags
         if entry.msgid_plural:
             plural = entry.msgstr_plural

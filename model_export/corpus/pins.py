@@ -15,7 +15,7 @@ from pathlib import Path
 from model_export.corpus import CorpusError
 
 DEFAULT_PINS = Path(__file__).with_name("packages.txt")
-READERS = ("gettext", "freedict", "pages", "descriptions", "appstream")
+READERS = ("gettext", "po", "freedict", "pages", "descriptions", "appstream")
 HOLDOUTS = ("pairs", "documents", "none")
 _GROUP_RE = re.compile(r"^#\s*\[([\w-]+)((?:\s+[\w-]+(?:=[\w.-]+)?)*)\s*\]")
 _PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.+_-]*)(==?)(\S+)$")

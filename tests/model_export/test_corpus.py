@@ -350,7 +350,7 @@ def test_group_attributes_and_selection():
 
 @pytest.mark.parametrize(
     "header",
-    ["[g reader=po]", "[g holdout=files]", "[g cap=x holdout=none]", "[g cap=5]", "[g x]", "[g general=5]",
+    ["[g reader=tmx]", "[g holdout=files]", "[g cap=x holdout=none]", "[g cap=5]", "[g x]", "[g general=5]",
      "[g holdout=none general=5]", "[g holdout=documents general=x]"],
 )  # fmt: skip
 def test_bad_group_attributes(header):
@@ -717,3 +717,34 @@ def test_pieces_per_sentence_counts_the_lines_training_reads(spm_model: bytes, t
         for piece_ids in spm.SentencePieceProcessor(model_file=str(model)).encode(["the cat\u2028sat", "the dog"])
     )
     assert pieces_per_sentence(model, text) == pieces / 2
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_build_po_catalogs_each_a_document_fuzzy_obsolete_and_regional_ones_left_out(tmp_path):
+    """reader=po: games that ship only .po sources; each catalog (a level) is a document of its own."""
+
+    def po(pairs: list[tuple[str, str]], tail: str = "") -> str:
+        body = "".join(f'msgid "{en}"\nmsgstr "{fr}"\n\n' for en, fr in pairs)
+        return 'msgid ""\nmsgstr "Content-Type: text/plain; charset=UTF-8\\n"\n\n' + body + tail
+
+    levels = {
+        f"usr/share/games/tux/levels/world{i}/fr.po": po([(f"Jump over the wall number {i}.", f"Saute le mur {i}.")])
+        for i in range(4)
+    }
+    levels["usr/share/games/tux/levels/world0/fr.po"] += (
+        '#, fuzzy\nmsgid "The door is open."\nmsgstr "La porte."\n\n#~ msgid "Old line."\n#~ msgstr "Vieux."\n'
+    )
+    levels["usr/share/games/tux/levels/world1/fr_CA.po"] = po([("Hold on tight.", "Tiens bon.")])
+    levels["usr/share/games/tux/levels/world1/de.po"] = po([("Run home now.", "Lauf nach Hause.")])
+    cache = tmp_path / "cache"
+    make_deb(cache, "tux-data", levels)
+    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1, general_dev_size=1, general_test_size=1)
+    group = Group("quests", extra=True, reader="po", holdout="documents")
+    stats = build([Pin("deb", "tux-data", "1.0", "quests")], options, {"quests": group})
+    assert stats["groups"]["quests"] == {"train": 2, "dev": 0, "test": 0, "dev.general": 1, "test.general": 1}
+    assert stats["packages"]["tux-data"]["entries"] == 5  # four levels' lines and the fuzzy one; no obsolete one
+    assert stats["dropped"]["fuzzy"] == 1
+    held = stats["general_documents"]["test.general"] + stats["general_documents"]["dev.general"]
+    assert all(d.startswith("tux-data/usr/share/games/tux/levels/world") and d.endswith("/fr") for d in held)
+    train = (tmp_path / "out/train.fr").read_text(encoding="utf-8")
+    assert "Tiens bon." not in train and "Lauf" not in train and "Vieux." not in train
