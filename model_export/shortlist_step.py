@@ -35,11 +35,6 @@ def generator_node(graph: onnx.GraphProto) -> onnx.NodeProto:
     return found[0]
 
 
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """The names a node reads, its subgraphs' (an If's branches) included."""
-    return names_read([node])
-
-
 def cut_distribution(graph: onnx.GraphProto) -> tuple[str, str, str | None]:
     """Removes the output projection and every node after it (the top-K, the log-softmax). Returns the hidden
     state's name (B, D), the product's op type, and its weight scale's name (int8) or None."""
@@ -49,8 +44,8 @@ def cut_distribution(graph: onnx.GraphProto) -> tuple[str, str, str | None]:
         hidden = next(n.input[0] for n in graph.node if hidden in n.output and n.op_type == "QuantizeLinear")
     dead, kept = set(product.output), [n for n in graph.node if n is not product]
     while True:  # to a fixed point: an If that reads the logits in its branches may come first (quantize sorts so)
-        after = [node for node in kept if not _reads(node) & dead]
-        dead |= {name for node in kept if _reads(node) & dead for name in node.output}
+        after = [node for node in kept if not names_read([node]) & dead]
+        dead |= {name for node in kept if names_read([node]) & dead for name in node.output}
         if len(after) == len(kept):
             break
         kept = after
