@@ -1,5 +1,5 @@
-"""The corpus build: fetch pinned archives, extract French catalogs (or dictionaries, bilingual documentation,
-translated package metadata), clean, deduplicate, split, write files.
+"""The corpus build: fetch pinned archives, extract French catalogs (gettext or Qt; or dictionaries, bilingual
+documentation, translated package metadata), clean, deduplicate, split, write files.
 
 Owns the output layout (`{train,dev,test}.{en,fr,origin}`, `{dev,test}.general.*` when a group is held out by
 document, stats.json, NOTICE, licenses/), not the rules.
@@ -35,6 +35,7 @@ from model_export.corpus.extract import (
 from model_export.corpus.fetch import fetch_all
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
 from model_export.corpus.pins import Group, Pin
+from model_export.corpus.qt import is_qm_catalog, read_qm
 from model_export.corpus.split import Pair, cap_pairs, deduplicate, split_general, split_pairs, without_keys
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,9 @@ def read_archive(
     elif reader == "po":
         extracted = extract_files(archive, pin.name, cache / "extract-po", is_po_catalog)
         pairs = _po_pairs(extracted / "files", pin.name)
+    elif reader == "qm":
+        extracted = extract_files(archive, pin.name, cache / "extract-qm", is_qm_catalog)
+        pairs = _qm_pairs(extracted / "files", pin.name)
     else:
         extracted = extract_archive(archive, pin.name, cache / "extract")
         pairs = (raw for mo in catalog_files(extracted) for raw in read_catalog(mo, pin.name, mo.stem))
@@ -118,6 +122,12 @@ def _po_pairs(files: Path, package: str) -> Iterator[RawPair]:
     document named by its path (a level's `levels/world1/fr`, a mod's `mods/x/languages/data.fr`)."""
     paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob("*.po")], ".po")
     return (raw for path in paths for raw in read_catalog(files / path, package, path.removesuffix(".po")))
+
+
+def _qm_pairs(files: Path, package: str) -> Iterator[RawPair]:
+    """The pairs of an archive's French Qt catalogs (plain French over regional variants), each context a document."""
+    paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob("*.qm")], ".qm")
+    return (raw for path in paths for raw in read_qm(files / path, package, path.removesuffix(".qm")))
 
 
 def _descriptions(archive: Path, pin: Pin, others: list[Path]) -> Iterator[RawPair]:

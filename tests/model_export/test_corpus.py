@@ -16,6 +16,7 @@ from pathlib import Path
 import polib
 import pytest
 import sentencepiece as spm
+from translate.storage import qm
 
 from model_export.corpus import CorpusError, clean
 from model_export.corpus.__main__ import main
@@ -27,6 +28,7 @@ from model_export.corpus.fetch import cached_archive, deb_glob
 from model_export.corpus.manpages import plain, roff_blocks
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
 from model_export.corpus.pins import Group, Pin, load_recipe, parse_recipe, select_groups
+from model_export.corpus.qt import QmFormatError, read_messages, read_qm
 from model_export.corpus.split import (
     Pair,
     cap_pairs,
@@ -660,12 +662,13 @@ def test_build_groups_general_splits_and_stable_software_splits(tmp_path):
     assert "gettext catalogs, dictionaries,\ndocumentation" in wide and wide.endswith("\nd 1 (deb): GPL-2+\n")
 
 
-def make_deb(folder: Path, name: str, files: dict[str, str]) -> Path:
-    """A real .deb of `name` 1.0 holding `files` (path: text) and a DEP-5 copyright file."""
+def make_deb(folder: Path, name: str, files: dict[str, str | bytes]) -> Path:
+    """A real .deb of `name` 1.0 holding `files` (path: text, or bytes) and a DEP-5 copyright file."""
     root = folder / f"root-{name}"
-    for path, text in {**files, f"usr/share/doc/{name}/copyright": "Files: *\nLicense: GPL-2+\n"}.items():
+    for path, content in {**files, f"usr/share/doc/{name}/copyright": "Files: *\nLicense: GPL-2+\n"}.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(text, encoding="utf-8")
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        (root / path).write_bytes(data)
     (root / "DEBIAN").mkdir()
     (root / "DEBIAN/control").write_text(
         f"Package: {name}\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@e.org>\nDescription: t\n"
@@ -748,3 +751,91 @@ def test_build_po_catalogs_each_a_document_fuzzy_obsolete_and_regional_ones_left
     assert all(d.startswith("tux-data/usr/share/games/tux/levels/world") and d.endswith("/fr") for d in held)
     train = (tmp_path / "out/train.fr").read_text(encoding="utf-8")
     assert "Tiens bon." not in train and "Lauf" not in train and "Vieux." not in train
+
+
+def qm_catalog(records: list[dict]) -> bytes:
+    """A Qt .qm file written field by field as Qt's translator.cpp lays it out: magic, a Language section, then
+    the Messages section; a record's keys: `translations` (None for a null one), `source`, `context`, `comment`,
+    `obsolete1` (a 4-byte field of old catalogs)."""
+
+    def field(tag: int, data: bytes | None) -> bytes:
+        return bytes([tag]) + (b"\xff\xff\xff\xff" if data is None else len(data).to_bytes(4, "big") + data)
+
+    body = b""
+    for record in records:
+        for form in record.get("translations", []):
+            body += field(3, None if form is None else form.encode("utf-16-be"))
+        if "obsolete1" in record:
+            body += b"\x05" + record["obsolete1"]
+        for tag, key in ((6, "source"), (7, "context"), (8, "comment")):
+            if key in record:
+                body += field(tag, record[key].encode("utf-8"))
+        body += b"\x01"
+    language = b"fr"
+    return (
+        bytes.fromhex("3cb86418caef9c95cd211cbf60a1bddd")
+        + b"\xa7" + len(language).to_bytes(4, "big") + language
+        + b"\x69" + len(body).to_bytes(4, "big") + body
+    )  # fmt: skip
+
+
+def test_read_qm_agrees_with_translate_toolkit_on_a_catalog_it_can_read():
+    """An independent reader (translate-toolkit's qmfile, which decodes sources as Latin-1: ASCII sources here)."""
+    records = [
+        {"translations": [f"Trouve l'élément numéro {i}."], "source": f"Find item number {i}.", "context": f"c{i % 3}"}
+        for i in range(12)
+    ] + [{"translations": ["Évite les cœurs"], "source": "Avoid the hearts", "context": "c", "comment": "game"}]
+    data = qm_catalog(records)
+    theirs = [(u.source, str(u.target)) for u in qm.qmfile.parsestring(data).units]
+    ours = [(m.source, m.translations[0]) for m in read_messages(data)]
+    assert ours == theirs and len(ours) == 13
+    assert [m.context for m in read_messages(data)][:3] == ["c0", "c1", "c2"]
+
+
+def test_read_qm_rejects_a_file_that_is_not_a_catalog_and_a_record_cut_short():
+    with pytest.raises(QmFormatError, match="magic"):
+        list(read_messages(b"\x00" * 32))
+    whole = qm_catalog([{"translations": ["Bonjour"], "source": "Hello"}])
+    body = whole[16 + 7 + 5 : -3]  # the Messages section without the source's last two letters and the End tag
+    cut = whole[: 16 + 7] + b"\x69" + len(body).to_bytes(4, "big") + body
+    with pytest.raises(QmFormatError, match="runs past"):
+        list(read_messages(cut))
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_build_qm_catalogs_plurals_sourceless_and_null_translations_left_out(tmp_path, caplog):
+    """reader=qm: GCompris's compiled Qt catalog; plain French over fr_CA, other languages ignored, each context a
+    document; a plural record (one source for several forms), a record without source text and a null translation
+    give no pair; an unreadable catalog is skipped with a warning."""
+    lines = [{"translations": [f"Clique sur la balle {i}."], "source": f"Click on ball {i}.", "context": "ActivityInfo"}
+             for i in range(3)]  # fmt: skip
+    lines += [
+        {"translations": ["Le chat dort sous la table."], "source": "The cat sleeps under the table.",
+         "context": "Dataset", "comment": "", "obsolete1": b"\x12\x34\x56\x78"},
+        {"translations": ["%n heure", "%n heures"], "source": "%n hour(s)", "context": "Clockgame"},
+        {"translations": ["0 à 255 avec"], "context": "tutorial4"},
+        {"translations": [None], "source": "Untranslated line.", "context": "Dataset"},
+    ]  # fmt: skip
+    files: dict[str, str | bytes] = {
+        "usr/share/edu/translations/edu_fr.qm": qm_catalog(lines),
+        "usr/share/edu/translations/edu_fr_CA.qm": qm_catalog([{"translations": ["Allô"], "source": "Hello there"}]),
+        "usr/share/edu/translations/edu_de.qm": qm_catalog([{"translations": ["Hallo"], "source": "Hello there"}]),
+        "usr/share/edu/extra/broken_fr.qm": b"not a catalog at all",
+    }
+    cache = tmp_path / "cache"
+    make_deb(cache, "edu-data", files)
+    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
+    group = Group("lessons", extra=True, reader="qm", holdout="none")
+    stats = build([Pin("deb", "edu-data", "1.0", "lessons")], options, {"lessons": group})
+    assert stats["groups"]["lessons"]["train"] == 4
+    assert stats["packages"]["edu-data"]["entries"] == 5  # four sentences and the null translation
+    train = dict(zip((tmp_path / "out/train.en").read_text(encoding="utf-8").splitlines(),
+                     (tmp_path / "out/train.fr").read_text(encoding="utf-8").splitlines(), strict=True))  # fmt: skip
+    assert train["The cat sleeps under the table."] == "Le chat dort sous la table."
+    assert train["Click on ball 2."] == "Clique sur la balle 2."
+    assert "Hello there" not in train and "%n hour(s)" not in train
+    catalog = tmp_path / "edu_fr.qm"
+    catalog.write_bytes(files["usr/share/edu/translations/edu_fr.qm"])  # type: ignore[arg-type]
+    documents = {raw.catalog for raw in read_qm(catalog, "edu-data", "edu_fr")}
+    assert documents == {"edu_fr#ActivityInfo", "edu_fr#Dataset"}
+    assert "broken_fr.qm" in caplog.text and "magic" in caplog.text
