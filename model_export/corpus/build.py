@@ -259,15 +259,15 @@ def make_splits(
     if not others:
         return splits
     others = without_keys(others, splits["dev"] + splits["test"])
-    by_document = [
-        ({p.name for p in pins if p.group == name}, g.general)
-        for name, g in groups.items()
-        if g.holdout == "documents"
-    ]
-    by_document = [(packages, general) for packages, general in by_document if packages]
-    if by_document:
+    eligible: list[set[str]] = []  # per group held out by document: its packages
+    fixed: list[int | None] = []  # and its own general size
+    for name, group in groups.items():
+        packages = {p.name for p in pins if p.group == name}
+        if group.holdout == "documents" and packages:
+            eligible.append(packages)
+            fixed.append(group.general)
+    if eligible:
         sizes = (options.general_dev_size, options.general_test_size)
-        eligible, fixed = [packages for packages, _ in by_document], [general for _, general in by_document]
         general, others = split_general(others, eligible, *sizes, options.seed, fixed)
         splits |= general
         splits["train"] = without_keys(splits["train"], general["dev.general"] + general["test.general"])
