@@ -30,6 +30,7 @@ from model_export.corpus.extract import (
     extract_archive,
     extract_files,
     is_po_catalog,
+    is_zip,
     read_catalog,
 )
 from model_export.corpus.fetch import fetch_all
@@ -106,7 +107,7 @@ def read_archive(
         extracted = _pages(archive, pin, cache)
         pairs = read_documents(extracted / "files", pin.name, [o / "files" for o in others if o != extracted])
     elif reader == "po":
-        extracted = extract_files(archive, pin.name, cache / "extract-po", is_po_catalog)
+        extracted = extract_files(archive, pin.name, cache / "extract-po", is_po_catalog, is_zip)
         pairs = _po_pairs(extracted / "files", pin.name)
     elif reader == "qm":
         extracted = extract_files(archive, pin.name, cache / "extract-qm", is_qm_catalog)
@@ -118,8 +119,9 @@ def read_archive(
 
 
 def _po_pairs(files: Path, package: str) -> Iterator[RawPair]:
-    """The pairs of an archive's French .po catalogs (plain French over regional variants), each catalog a
-    document named by its path (a level's `levels/world1/fr`, a mod's `mods/x/languages/data.fr`)."""
+    """The pairs of an archive's French .po catalogs, in it or in its zips (plain French over regional variants),
+    each catalog a document named by its path (a level's `levels/world1/fr`, a mod's `mods/x/languages/data.fr`,
+    0 A.D.'s `mods/public/public.zip/l10n/fr.public-maps`)."""
     paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob("*.po")], ".po")
     return (raw for path in paths for raw in read_catalog(files / path, package, path.removesuffix(".po")))
 

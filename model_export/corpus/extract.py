@@ -12,10 +12,12 @@ import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 import polib
 
@@ -27,6 +29,7 @@ PREFERRED_LOCALES = ("fr", "fr_FR")
 VARIANT_LOCALES = ("fr_CA", "fr_BE", "fr_CH", "fr_LU")
 _LOCALE_RE = re.compile(r"^(fr(?:_[A-Z]{2})?)(?:\.[\w-]+)?$")
 _STEM_RE = re.compile(r"(?:^|[-_.])(fr(?:_[A-Z]{2})?)$")
+_DOMAIN_STEM_RE = re.compile(r"^(fr(?:_[A-Z]{2})?)\.[\w-]+$")  # 0 A.D.'s `fr.public-maps`: locale, then domain
 _DONE = ".extracted"
 
 
@@ -55,7 +58,8 @@ def path_locale(path: str, suffix: str = ".mo") -> str | None:
         match = _LOCALE_RE.match(part)
         if match:
             return match.group(1)
-    match = _STEM_RE.search(PurePosixPath(parts[-1]).stem)
+    stem = PurePosixPath(parts[-1]).stem
+    match = _STEM_RE.search(stem) or _DOMAIN_STEM_RE.match(stem)
     return match.group(1) if match else None
 
 
@@ -76,6 +80,23 @@ def choose_catalogs(paths: Iterable[str], suffix: str = ".mo") -> list[str]:
 def is_po_catalog(name: str) -> bool:
     """A French gettext catalog shipped as its `.po` source (games that compile none: Flare, SuperTux...)."""
     return path_locale(name, ".po") is not None
+
+
+def is_zip(name: str) -> bool:
+    """A zip of game data, where a game may keep its catalogs (0 A.D.'s `mods/public/public.zip`)."""
+    return name.endswith(".zip")
+
+
+def _spooled_zip_members(stream: IO[bytes], prefix: str, wanted: Callable[[str], bool]) -> dict[str, bytes]:
+    """The members `wanted` of a zip read from a stream, keyed `prefix!member`: the zip is copied to a temporary
+    file first (a zip is read from its end, and a game's may be gigabytes)."""
+    with tempfile.TemporaryFile() as spool:
+        shutil.copyfileobj(stream, spool, 1 << 20)
+        try:
+            with zipfile.ZipFile(spool) as archive:
+                return {f"{prefix}!{n}": archive.read(n) for n in archive.namelist() if wanted(f"{prefix}!{n}")}
+        except zipfile.BadZipFile as exc:
+            raise ExtractError(f"{prefix} is not a valid zip: {exc}") from exc
 
 
 def _is_locale_zip(name: str) -> bool:
@@ -99,10 +120,10 @@ def is_catalog(name: str) -> bool:
 
 
 def _deb_members(
-    deb: Path, package: str, wanted: Callable[[str], bool] = is_catalog
+    deb: Path, package: str, wanted: Callable[[str], bool] = is_catalog, zipped: Callable[[str], bool] | None = None
 ) -> tuple[dict[str, bytes], bytes | None]:
     """Read a .deb's filesystem tar once: the members `wanted` (French catalogs by default, the French members of
-    nested locale zips too) and the copyright file."""
+    nested locale zips too), those of the zips `zipped` accepts, and the copyright file."""
     proc = subprocess.Popen(
         ["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -115,6 +136,9 @@ def _deb_members(
             name = member.name.removeprefix("./")
             if member.issym():
                 links[name] = member.linkname
+            if member.isfile() and zipped is not None and zipped(name):
+                found.update(_spooled_zip_members(tar.extractfile(member), name, wanted))  # type: ignore[arg-type]
+                continue
             if not member.isfile() or not (name == _copyright_name(package) or wanted(name)):
                 continue
             data = tar.extractfile(member).read()  # type: ignore[union-attr]
@@ -165,15 +189,18 @@ def extract_archive(archive: Path, package: str, cache: Path) -> Path:
     return dest
 
 
-def extract_files(archive: Path, package: str, cache: Path, wanted: Callable[[str], bool]) -> Path:
-    """Extract the members `wanted` of a .deb (and its licence text) into `cache/<archive stem>/files/`; cached."""
+def extract_files(
+    archive: Path, package: str, cache: Path, wanted: Callable[[str], bool], zipped: Callable[[str], bool] | None = None
+) -> Path:
+    """Extract the members `wanted` of a .deb, and of the zips inside it that `zipped` accepts (`a.zip!member` as
+    `a.zip/member`), with its licence text, into `cache/<archive stem>/files/`; cached."""
     dest = cache / archive.name.removesuffix(".deb")
     if (dest / _DONE).exists():
         return dest
     if archive.suffix != ".deb":
         raise ExtractError(f"{archive.name}: only Debian packages are read for this group")
     shutil.rmtree(dest, ignore_errors=True)
-    members, licence = _deb_members(archive, package, wanted)
+    members, licence = _deb_members(archive, package, wanted, zipped)
     _write_extracted(dest / "files", members, licence)
     return dest
 

@@ -82,6 +82,9 @@ def test_path_locale_and_choice():
     assert path_locale("x/locales.zip!fr/messages.mo") == "fr"
     assert path_locale("usr/share/locale/fy/LC_MESSAGES/a.mo") is None
     assert path_locale("usr/share/locale/fr/LC_MESSAGES/a.po") is None
+    assert path_locale("mods/public/public.zip!l10n/fr.public-maps.po", ".po") == "fr"  # 0 A.D.: locale.domain
+    assert path_locale("mods/public/public.zip!l10n/fy.public-maps.po", ".po") is None
+    assert path_locale("l10n/french.po", ".po") is None
     paths = ["l/fr_CA/LC_MESSAGES/a.mo", "l/fr/LC_MESSAGES/a.mo", "l/de/LC_MESSAGES/a.mo"]
     assert choose_catalogs(paths) == ["l/fr/LC_MESSAGES/a.mo"]
     assert choose_catalogs(["l/fr_BE/a.mo", "l/fr_CA/a.mo"]) == ["l/fr_CA/a.mo"]
@@ -752,6 +755,30 @@ def test_build_po_catalogs_each_a_document_fuzzy_obsolete_and_regional_ones_left
     train = (tmp_path / "out/train.fr").read_text(encoding="utf-8")
     assert "Tiens bon." not in train and "Lauf" not in train and "Vieux." not in train
 
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_build_po_catalogs_inside_a_game_data_zip(tmp_path):
+    """reader=po reads the .po catalogs a game keeps inside a data zip (0 A.D.'s `public.zip!l10n/fr.*.po`)."""
+    po = 'msgid ""\nmsgstr "Content-Type: text/plain; charset=UTF-8\\n"\n\nmsgid "{}"\nmsgstr "{}"\n'
+    data = tmp_path / "public.zip"
+    with zipfile.ZipFile(data, "w") as archive:
+        river = "A river runs through the valley."
+        archive.writestr("l10n/fr.public-maps.po", po.format(river, "Une rivière traverse la vallée."))
+        house = po.format("Build a house first.", "Construis d'abord une maison.")
+        archive.writestr("l10n/fr.public-tutorials.po", house)
+        archive.writestr("l10n/de.public-maps.po", po.format(river, "Ein Fluss fließt."))
+        archive.writestr("art/textures/stone.png", b"not text")
+    cache = tmp_path / "cache"
+    make_deb(cache, "game-data", {"usr/share/games/game/mods/public/public.zip": data.read_bytes()})
+    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
+    group = Group("history", extra=True, reader="po", holdout="none")
+    stats = build([Pin("deb", "game-data", "1.0", "history")], options, {"history": group})
+    assert stats["groups"]["history"]["train"] == 2
+    train = (tmp_path / "out/train.fr").read_text(encoding="utf-8").splitlines()
+    assert sorted(train) == ["Construis d'abord une maison.", "Une rivière traverse la vallée."]
+    extracted = cache / "extract-po/game-data_1.0_all/files/usr/share/games/game/mods/public/public.zip/l10n"
+    assert sorted(p.name for p in extracted.iterdir()) == ["fr.public-maps.po", "fr.public-tutorials.po"]
 
 def qm_catalog(records: list[dict]) -> bytes:
     """A Qt .qm file written field by field as Qt's translator.cpp lays it out: magic, a Language section, then
