@@ -1,5 +1,5 @@
-"""The corpus build: fetch pinned archives, extract French catalogs (gettext or Qt; or dictionaries, bilingual
-documentation, translated package metadata), clean, deduplicate, split, write files.
+"""The corpus build: fetch pinned archives, extract French catalogs (gettext, Qt or Minetest; or dictionaries,
+bilingual documentation, translated package metadata), clean, deduplicate, split, write files.
 
 Owns the output layout (`{train,dev,test}.{en,fr,origin}`, `{dev,test}.general.*` when a group is held out by
 document, stats.json, NOTICE, licenses/), not the rules.
@@ -34,6 +34,7 @@ from model_export.corpus.extract import (
     read_catalog,
 )
 from model_export.corpus.fetch import fetch_all
+from model_export.corpus.minetest import is_tr_catalog, read_tr
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
 from model_export.corpus.pins import Group, Pin
 from model_export.corpus.qt import is_qm_catalog, read_qm
@@ -109,6 +110,9 @@ def read_archive(
     elif reader == "po":
         extracted = extract_files(archive, pin.name, cache / "extract-po", is_po_catalog, is_zip)
         pairs = _po_pairs(extracted / "files", pin.name)
+    elif reader == "tr":
+        extracted = extract_files(archive, pin.name, cache / "extract-tr", is_tr_catalog)
+        pairs = _tr_pairs(extracted / "files", pin.name)
     elif reader == "qm":
         extracted = extract_files(archive, pin.name, cache / "extract-qm", is_qm_catalog)
         pairs = _qm_pairs(extracted / "files", pin.name)
@@ -124,6 +128,12 @@ def _po_pairs(files: Path, package: str) -> Iterator[RawPair]:
     0 A.D.'s `mods/public/public.zip/l10n/fr.public-maps`)."""
     paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob("*.po")], ".po")
     return (raw for path in paths for raw in read_catalog(files / path, package, path.removesuffix(".po")))
+
+
+def _tr_pairs(files: Path, package: str) -> Iterator[RawPair]:
+    """The pairs of an archive's French Minetest translation files, each file (a mod's text domain) a document."""
+    paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob("*.tr")], ".tr")
+    return (raw for path in paths for raw in read_tr(files / path, package, path.removesuffix(".tr")))
 
 
 def _qm_pairs(files: Path, package: str) -> Iterator[RawPair]:

@@ -26,6 +26,7 @@ from model_export.corpus.documents import block_pairs, is_document_member, read_
 from model_export.corpus.extract import catalog_files, choose_catalogs, extract_archive, path_locale, read_catalog
 from model_export.corpus.fetch import cached_archive, deb_glob
 from model_export.corpus.manpages import plain, roff_blocks
+from model_export.corpus.minetest import split_line
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
 from model_export.corpus.pins import Group, Pin, load_recipe, parse_recipe, select_groups
 from model_export.corpus.qt import QmFormatError, read_messages, read_qm
@@ -779,6 +780,39 @@ def test_build_po_catalogs_inside_a_game_data_zip(tmp_path):
     assert sorted(train) == ["Construis d'abord une maison.", "Une rivière traverse la vallée."]
     extracted = cache / "extract-po/game-data_1.0_all/files/usr/share/games/game/mods/public/public.zip/l10n"
     assert sorted(p.name for p in extracted.iterdir()) == ["fr.public-maps.po", "fr.public-tutorials.po"]
+
+
+def test_tr_lines_split_at_the_first_unescaped_equals_sign():
+    assert split_line("Coffee Maker=Cafetière") == ("Coffee Maker", "Cafetière")
+    assert split_line("1 @= 2 is false=1 @= 2 est faux") == ("1 = 2 is false", "1 = 2 est faux")
+    assert split_line("Owner: @1@nLevel @2=Propriétaire : @1@nNiveau @2") == (
+        "Owner: @1\nLevel @2",
+        "Propriétaire : @1\nNiveau @2",
+    )
+    assert split_line("Mail: a@@b.org=Courriel : a@@b.org") == ("Mail: a@b.org", "Courriel : a@b.org")
+    assert split_line("# textdomain: beds") is None and split_line("no sign here") is None
+    assert split_line("Untranslated=") == ("Untranslated", "")
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_build_minetest_translation_files(tmp_path):
+    """reader=tr: a mod's `locale/<domain>.fr.tr`; other languages and templates ignored, untranslated lines
+    dropped."""
+    tr = "# textdomain: {0}\nSmall table=Petite table\nHearty Stew=Ragoût copieux\nMissing line=\n"
+    files = {
+        "usr/share/games/minetest/mods/home/locale/home.fr.tr": tr.format("home"),
+        "usr/share/games/minetest/mods/home/locale/home.de.tr": "# textdomain: home\nSmall table=Kleiner Tisch\n",
+        "usr/share/games/minetest/mods/home/locale/template.txt": "# textdomain: home\nSmall table=\n",
+    }
+    cache = tmp_path / "cache"
+    make_deb(cache, "mod-home", files)
+    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
+    group = Group("mods", extra=True, reader="tr", holdout="none")
+    stats = build([Pin("deb", "mod-home", "1.0", "mods")], options, {"mods": group})
+    assert stats["packages"]["mod-home"]["entries"] == 3
+    assert stats["dropped"]["untranslated"] == 1
+    train = (tmp_path / "out/train.fr").read_text(encoding="utf-8").splitlines()
+    assert sorted(train) == ["Petite table", "Ragoût copieux"]
 
 def qm_catalog(records: list[dict]) -> bytes:
     """A Qt .qm file written field by field as Qt's translator.cpp lays it out: magic, a Language section, then
