@@ -1,5 +1,5 @@
-"""The corpus build: fetch pinned archives, extract French catalogs (gettext, Qt or Minetest; or dictionaries,
-bilingual documentation, translated package metadata), clean, deduplicate, split, write files.
+"""The corpus build: fetch pinned archives, extract French catalogs (gettext, Qt, Minetest or MegaGlest; or
+dictionaries, bilingual documentation, translated package metadata), clean, deduplicate, split, write files.
 
 Owns the output layout (`{train,dev,test}.{en,fr,origin}`, `{dev,test}.general.*` when a group is held out by
 document, stats.json, NOTICE, licenses/), not the rules.
@@ -34,6 +34,7 @@ from model_export.corpus.extract import (
     read_catalog,
 )
 from model_export.corpus.fetch import fetch_all
+from model_export.corpus.glest import is_lng_file, lng_pairs
 from model_export.corpus.minetest import is_tr_catalog, read_tr
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
 from model_export.corpus.pins import Group, Pin
@@ -110,6 +111,9 @@ def read_archive(
     elif reader == "po":
         extracted = extract_files(archive, pin.name, cache / "extract-po", is_po_catalog, is_zip)
         pairs = _po_pairs(extracted / "files", pin.name)
+    elif reader == "lng":
+        extracted = extract_files(archive, pin.name, cache / "extract-lng", is_lng_file)
+        pairs = lng_pairs(extracted / "files", pin.name)
     elif reader == "tr":
         extracted = extract_files(archive, pin.name, cache / "extract-tr", is_tr_catalog)
         pairs = _tr_pairs(extracted / "files", pin.name)

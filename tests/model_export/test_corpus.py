@@ -814,6 +814,33 @@ def test_build_minetest_translation_files(tmp_path):
     train = (tmp_path / "out/train.fr").read_text(encoding="utf-8").splitlines()
     assert sorted(train) == ["Petite table", "Ragoût copieux"]
 
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_build_megaglest_language_files_paired_by_key(tmp_path):
+    """reader=lng: `<name>_french.lng` against `<name>_english.lng` (or a tech tree's `_default.lng`) by key;
+    keys only one side has, other languages and a French file without an English one give nothing."""
+    root = "usr/share/games/glest"
+    files = {
+        f"{root}/data/lang/english.lng": "; main file\nQuit=Quit the game\nOnlyHere=Only in English\n",
+        f"{root}/data/lang/french.lng": "; fichier\nQuit=Quitter le jeu\nOnlyThere=Seulement ici\n",
+        f"{root}/data/lang/german.lng": "Quit=Spiel beenden\n",
+        f"{root}/tutorials/t1/t1_english.lng": "Welcome=Welcome to the tutorial.\\nMove the mouse.\n",
+        f"{root}/tutorials/t1/t1_french.lng": "Welcome=Bienvenue dans le tutoriel.\\nBougez la souris.\n",
+        f"{root}/techs/pack/lang/pack_default.lng": "ArmorTypeName_wood=wood armour\n",
+        f"{root}/techs/pack/lang/pack_french.lng": "ArmorTypeName_wood=armure de bois\n",
+        f"{root}/scenarios/lone/lone_french.lng": "Text=Un texte sans anglais\n",
+    }
+    cache = tmp_path / "cache"
+    make_deb(cache, "glest-data", files)
+    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
+    group = Group("strategy", extra=True, reader="lng", holdout="none")
+    stats = build([Pin("deb", "glest-data", "1.0", "strategy")], options, {"strategy": group})
+    assert stats["packages"]["glest-data"]["entries"] == 3
+    train = (tmp_path / "out/train.fr").read_text(encoding="utf-8")
+    assert "Quitter le jeu" in train and "armure de bois" in train and "Bienvenue dans le tutoriel." in train
+    assert "Spiel" not in train and "sans anglais" not in train and "Seulement" not in train
+    assert "\\n" not in train  # a value's `\\n` is a line break, not two characters
+
 def qm_catalog(records: list[dict]) -> bytes:
     """A Qt .qm file written field by field as Qt's translator.cpp lays it out: magic, a Language section, then
     the Messages section; a record's keys: `translations` (None for a null one), `source`, `context`, `comment`,
