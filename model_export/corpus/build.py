@@ -1,4 +1,4 @@
-"""The corpus build: fetch pinned archives, extract French catalogs (gettext, Qt, Minetest or MegaGlest; or
+"""The corpus build: fetch pinned archives, extract French catalogs (gettext, Qt, games' own formats; or
 dictionaries, bilingual documentation, translated package metadata), clean, deduplicate, split, write files.
 
 Owns the output layout (`{train,dev,test}.{en,fr,origin}`, `{dev,test}.general.*` when a group is held out by
@@ -34,6 +34,7 @@ from model_export.corpus.extract import (
     read_catalog,
 )
 from model_export.corpus.fetch import fetch_all
+from model_export.corpus.freeorion import is_string_table, table_pairs
 from model_export.corpus.glest import is_lng_file, lng_pairs
 from model_export.corpus.minetest import is_tr_catalog, read_tr
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
@@ -111,6 +112,9 @@ def read_archive(
     elif reader == "po":
         extracted = extract_files(archive, pin.name, cache / "extract-po", is_po_catalog, is_zip)
         pairs = _po_pairs(extracted / "files", pin.name)
+    elif reader == "stringtable":
+        extracted = extract_files(archive, pin.name, cache / "extract-stringtable", is_string_table)
+        pairs = table_pairs(extracted / "files", pin.name)
     elif reader == "lng":
         extracted = extract_files(archive, pin.name, cache / "extract-lng", is_lng_file)
         pairs = lng_pairs(extracted / "files", pin.name)

@@ -15,7 +15,7 @@ from pathlib import Path
 from model_export.corpus import CorpusError
 
 DEFAULT_PINS = Path(__file__).with_name("packages.txt")
-READERS = ("gettext", "po", "qm", "tr", "lng", "freedict", "pages", "descriptions", "appstream")
+READERS = ("gettext", "po", "qm", "tr", "lng", "stringtable", "freedict", "pages", "descriptions", "appstream")
 HOLDOUTS = ("pairs", "documents", "none")
 _GROUP_RE = re.compile(r"^#\s*\[([\w-]+)((?:\s+[\w-]+(?:=[\w.-]+)?)*)\s*\]")
 _PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.+_-]*)(==?)(\S+)$")
@@ -39,8 +39,8 @@ class Group:
 
     `extra`: only built when asked for by name (`--groups`); the default build is the other groups.
     `reader`: gettext catalogs (compiled, or `po` sources), Qt catalogs (`qm`), Minetest's translation files
-    (`tr`), MegaGlest's language files (`lng`), a FreeDict dictionary, documentation pages built in both
-    languages, or the archive's package descriptions or AppStream data.
+    (`tr`), MegaGlest's language files (`lng`), FreeOrion's string tables (`stringtable`), a FreeDict dictionary,
+    documentation pages built in both languages, or the archive's package descriptions or AppStream data.
     `holdout`: `pairs` feed the dev/test splits, `documents` whole catalogs or pages the general-domain dev/test
     splits, `none` training only.
     `cap`: at most this many of the group's pairs, drawn with the seed (only for `documents` and `none`, whose

@@ -25,6 +25,7 @@ from model_export.corpus.dictionary import dictd_number, entry_pair, read_freedi
 from model_export.corpus.documents import block_pairs, is_document_member, read_documents
 from model_export.corpus.extract import catalog_files, choose_catalogs, extract_archive, path_locale, read_catalog
 from model_export.corpus.fetch import cached_archive, deb_glob
+from model_export.corpus.freeorion import expand, parse_table
 from model_export.corpus.manpages import plain, roff_blocks
 from model_export.corpus.minetest import split_line
 from model_export.corpus.notice import debian_licence, notice_text, wheel_licence
@@ -840,6 +841,47 @@ def test_build_megaglest_language_files_paired_by_key(tmp_path):
     assert "Quitter le jeu" in train and "armure de bois" in train and "Bienvenue dans le tutoriel." in train
     assert "Spiel" not in train and "sans anglais" not in train and "Seulement" not in train
     assert "\\n" not in train  # a value's `\\n` is a line break, not two characters
+
+
+def test_string_table_values_one_line_or_a_block_and_references_expanded():
+    table = parse_table(
+        "English\n# a comment\n\nAPPLY\nApply\n\nEMPIRE  # translated\nEmpire\n\n"
+        "PEDIA_X\n'''The [[EMPIRE]] grows.\nIt sends a [[SHIP_PART]].'''\n\nONE\n'''On one line'''\n"
+    )
+    assert table == {
+        "APPLY": "Apply",
+        "EMPIRE": "Empire",
+        "PEDIA_X": "The [[EMPIRE]] grows.\nIt sends a [[SHIP_PART]].",
+        "ONE": "On one line",
+    }
+    assert expand(table["PEDIA_X"], table) == "The Empire grows.\nIt sends a [[SHIP_PART]]."
+    assert expand("[[A]]", {"A": "[[B]]", "B": "[[A]]"}).startswith("[[")  # a cycle ends
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_build_freeorion_string_tables_paired_by_key(tmp_path):
+    """reader=stringtable: fr.txt against en.txt by key, references expanded from each side's own table; a
+    value left with a reference it cannot expand, keys only one side has and other languages give nothing."""
+    root = "usr/share/games/space/default/stringtables"
+    english = (
+        "English\nSTAR\nstar\n\nPEDIA_STAR\n'''A [[STAR]] burns for a very long time.'''\n\n"
+        "LINK\nBuild a [[buildingtype BLD_X]] here.\n\nEN_ONLY\nOnly in English\n"
+    )
+    french = (
+        "Français\nSTAR\nétoile\n\nPEDIA_STAR\n'''Une [[STAR]] brûle très longtemps.'''\n\n"
+        "LINK\nConstruisez un [[buildingtype BLD_X]] ici.\n"
+    )
+    files = {f"{root}/en.txt": english, f"{root}/fr.txt": french, f"{root}/de.txt": "Deutsch\nSTAR\nStern\n"}
+    cache = tmp_path / "cache"
+    make_deb(cache, "space-data", files)
+    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
+    group = Group("space", extra=True, reader="stringtable", holdout="none")
+    stats = build([Pin("deb", "space-data", "1.0", "space")], options, {"space": group})
+    assert stats["packages"]["space-data"]["entries"] == 2
+    train = dict(zip((tmp_path / "out/train.en").read_text(encoding="utf-8").splitlines(),
+                     (tmp_path / "out/train.fr").read_text(encoding="utf-8").splitlines(), strict=True))  # fmt: skip
+    assert train["A star burns for a very long time."] == "Une étoile brûle très longtemps."
+    assert "Stern" not in train.values() and not any("[[" in t for t in train)
 
 def qm_catalog(records: list[dict]) -> bytes:
     """A Qt .qm file written field by field as Qt's translator.cpp lays it out: magic, a Language section, then
