@@ -261,13 +261,17 @@ def apply_caps(pairs: list[Pair], pins: list[Pin], groups: dict[str, Group], see
 
 
 def layers(pairs: list[Pair], pins: list[Pin], groups: dict[str, Group]) -> tuple[list[Pair], list[Pair]]:
-    """Deduplicated pairs of the groups held out by pair, and of the others without the sources the first have:
-    adding a group held out by document or not at all leaves the first layer, and so its dev/test, as it was."""
-    others_packages = _packages(pins, groups, lambda g: g.holdout != "pairs")
-    base = deduplicate([p for p in pairs if p.package not in others_packages])
+    """Deduplicated pairs of the groups held out by pair, and of the others without the sources the first have
+    (the yielding groups' last, without the sources of any other): adding a group held out by document or not at
+    all leaves the first layer, and so its dev/test, as it was; adding a yielding group leaves every split but
+    train as it was."""
+    yielding = _packages(pins, groups, lambda g: g.yields)
+    others_packages = _packages(pins, groups, lambda g: g.holdout != "pairs") - yielding
+    base = deduplicate([p for p in pairs if p.package not in others_packages | yielding])
     sources = {p.source for p in base}
     others = deduplicate([p for p in pairs if p.package in others_packages and p.source not in sources])
-    return base, others
+    sources |= {p.source for p in others}
+    return base, others + deduplicate([p for p in pairs if p.package in yielding and p.source not in sources])
 
 
 def make_splits(

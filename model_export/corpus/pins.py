@@ -48,6 +48,8 @@ class Group:
     `general`: pairs of whole documents this group puts in each of dev.general and test.general (only for
     `documents`); the groups without it share the build's general sizes equally, so adding a group with it leaves
     theirs as they were.
+    `yields`: (only for `none`) the group's pairs are deduplicated after every other group's, without their
+    sources, so it never outvotes the translation of a sentence that a held-out document has.
     """
 
     name: str
@@ -56,6 +58,7 @@ class Group:
     holdout: str = "pairs"
     cap: int | None = None
     general: int | None = None
+    yields: bool = False
 
 
 def _count(value: str | None, allowed: bool) -> bool:
@@ -64,24 +67,25 @@ def _count(value: str | None, allowed: bool) -> bool:
 
 
 def parse_group(name: str, attributes: str, number: int) -> Group:
-    """A group from its header's attributes (`extra`, `reader=...`, `holdout=...`, `cap=N`, `general=N`)."""
+    """A group from its header's attributes (`extra`, `reader=...`, `holdout=...`, `cap=N`, `general=N`,
+    `yields`)."""
     values: dict[str, str] = {}
     for attribute in attributes.split():
         key, _, value = attribute.partition("=")
         values[key] = value
-    unknown = set(values) - {"extra", "reader", "holdout", "cap", "general"}
+    unknown = set(values) - {"extra", "reader", "holdout", "cap", "general", "yields"}
     reader, holdout = values.get("reader", "gettext"), values.get("holdout", "pairs")
     cap, general = values.get("cap"), values.get("general")
     counts = _count(cap, holdout != "pairs") and _count(general, holdout == "documents")
+    counts = counts and ("yields" not in values or holdout == "none")
     if unknown or reader not in READERS or holdout not in HOLDOUTS or not counts:
         raise CorpusError(
             f"packages list line {number}: group [{name}] has bad attributes {attributes.strip()!r} (known: extra, "
             f"reader={'|'.join(READERS)}, holdout={'|'.join(HOLDOUTS)}, cap=N with holdout documents|none, "
-            "general=N with holdout documents)"
+            "general=N with holdout documents, yields with holdout none)"
         )
-    return Group(
-        name, "extra" in values, reader, holdout, int(cap) if cap else None, int(general) if general else None
-    )
+    number_or_none = {k: int(values[k]) if values.get(k) else None for k in ("cap", "general")}
+    return Group(name, "extra" in values, reader, holdout, **number_or_none, yields="yields" in values)
 
 
 def parse_pin(line: str, group: str, number: int) -> Pin:

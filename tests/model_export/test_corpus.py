@@ -322,7 +322,8 @@ def test_shipped_recipe_holds_every_group_the_default_model_was_built_from():
     assert {name for name, g in groups.items() if not g.extra} <= set(shipped)
     assert all(groups[name].extra for name in groups if name not in shipped)
     assert {p.group for p in pins} == set(groups)
-    assert groups["survival"] == Group("survival", True, holdout="none")  # training only: one catalog
+    assert groups["survival"] == Group("survival", True, holdout="none", yields=True)  # training only: one catalog
+    assert not any(groups[name].yields for name in shipped)  # the recipe's deduplication stays as it was built
 
 
 def test_parse_recipe_index_pins():
@@ -348,6 +349,8 @@ def test_group_attributes_and_selection():
     pins, groups = parse_recipe(RECIPE)
     assert groups["games"] == Group("games", extra=True, holdout="documents")
     assert groups["dictionary"] == Group("dictionary", True, "freedict", "none", 50)
+    _, more = parse_recipe("# [survival extra holdout=none yields] items\ncdda=1\n")
+    assert more["survival"] == Group("survival", extra=True, holdout="none", yields=True)
     assert list(select_groups(groups, None)) == ["ui"]
     assert list(select_groups(groups, ["all"])) == ["ui", "games", "dictionary"]
     assert list(select_groups(groups, ["dictionary", "ui"])) == ["ui", "dictionary"]
@@ -358,7 +361,7 @@ def test_group_attributes_and_selection():
 @pytest.mark.parametrize(
     "header",
     ["[g reader=tmx]", "[g holdout=files]", "[g cap=x holdout=none]", "[g cap=5]", "[g x]", "[g general=5]",
-     "[g holdout=none general=5]", "[g holdout=documents general=x]"],
+     "[g holdout=none general=5]", "[g holdout=documents general=x]", "[g yields]", "[g holdout=documents yields]"],
 )  # fmt: skip
 def test_bad_group_attributes(header):
     with pytest.raises(CorpusError, match="line 1: group \\[g\\] has bad attributes"):
@@ -726,6 +729,36 @@ def test_pieces_per_sentence_counts_the_lines_training_reads(spm_model: bytes, t
     )
     assert pieces_per_sentence(model, text) == pieces / 2
 
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+@pytest.mark.parametrize("yields", [False, True])
+def test_a_yielding_group_never_outvotes_a_held_out_documents_translation(tmp_path, yields):
+    """A training-only group that translates a document's sentence otherwise, more often: without `yields` its
+    translation wins and the document loses the sentence; with it the document keeps it (and the training-only
+    pair, which shares a held-out source, leaves train)."""
+
+    def po(pairs: list[tuple[str, str]]) -> str:
+        body = "".join(f'msgid "{en}"\nmsgstr "{fr}"\n\n' for en, fr in pairs)
+        return 'msgid ""\nmsgstr "Content-Type: text/plain; charset=UTF-8\\n"\n\n' + body
+
+    story = [("Open the cave door.", "Ouvre la porte de la grotte."), ("Endless Game", "Jeu sans fin")]
+    items = [("Endless Game", "Partie sans fin"), ("A rope.", "Une corde.")]  # the first twice: it outvotes
+    cache = tmp_path / "cache"
+    make_deb(cache, "story-data", {"usr/share/story/levels/one/fr.po": po(story)})
+    make_deb(cache, "items-data", {"usr/share/items/a/fr.po": po(items[:1]), "usr/share/items/b/fr.po": po(items)})
+    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1, general_dev_size=0, general_test_size=2)
+    groups = {
+        "stories": Group("stories", extra=True, reader="po", holdout="documents"),
+        "items": Group("items", extra=True, reader="po", holdout="none", yields=yields),
+    }
+    pins = [Pin("deb", "story-data", "1.0", "stories"), Pin("deb", "items-data", "1.0", "items")]
+    build(pins, options, groups)
+    held = (tmp_path / "out/test.general.en").read_text(encoding="utf-8").splitlines()
+    train = (tmp_path / "out/train.en").read_text(encoding="utf-8").splitlines()
+    if yields:
+        assert sorted(held) == ["Endless Game", "Open the cave door."] and train == ["A rope."]
+    else:
+        assert held == ["Open the cave door."] and sorted(train) == ["A rope.", "Endless Game"]
 
 @pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
 def test_build_po_catalogs_each_a_document_fuzzy_obsolete_and_regional_ones_left_out(tmp_path):
