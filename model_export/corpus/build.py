@@ -109,45 +109,36 @@ def read_archive(
     elif reader == "pages":
         extracted = _pages(archive, pin, cache)
         pairs = read_documents(extracted / "files", pin.name, [o / "files" for o in others if o != extracted])
-    elif reader == "po":
-        extracted = extract_files(archive, pin.name, cache / "extract-po", is_po_catalog, is_zip)
-        pairs = _po_pairs(extracted / "files", pin.name)
-    elif reader == "stringtable":
-        extracted = extract_files(archive, pin.name, cache / "extract-stringtable", is_string_table)
-        pairs = table_pairs(extracted / "files", pin.name)
-    elif reader == "lng":
-        extracted = extract_files(archive, pin.name, cache / "extract-lng", is_lng_file)
-        pairs = lng_pairs(extracted / "files", pin.name)
-    elif reader == "tr":
-        extracted = extract_files(archive, pin.name, cache / "extract-tr", is_tr_catalog)
-        pairs = _tr_pairs(extracted / "files", pin.name)
-    elif reader == "qm":
-        extracted = extract_files(archive, pin.name, cache / "extract-qm", is_qm_catalog)
-        pairs = _qm_pairs(extracted / "files", pin.name)
+    elif reader in MEMBER_READERS:
+        wanted, read, zipped = MEMBER_READERS[reader]
+        extracted = extract_files(archive, pin.name, cache / f"extract-{reader}", wanted, zipped)
+        pairs = read(extracted / "files", pin.name)
     else:
         extracted = extract_archive(archive, pin.name, cache / "extract")
         pairs = (raw for mo in catalog_files(extracted) for raw in read_catalog(mo, pin.name, mo.stem))
     return pairs, (extracted / "LICENSE-SOURCE").read_text(encoding="utf-8", errors="replace")
 
 
-def _po_pairs(files: Path, package: str) -> Iterator[RawPair]:
-    """The pairs of an archive's French .po catalogs, in it or in its zips (plain French over regional variants),
-    each catalog a document named by its path (a level's `levels/world1/fr`, a mod's `mods/x/languages/data.fr`,
-    0 A.D.'s `mods/public/public.zip/l10n/fr.public-maps`)."""
-    paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob("*.po")], ".po")
-    return (raw for path in paths for raw in read_catalog(files / path, package, path.removesuffix(".po")))
+def _catalogs(suffix: str, read: Callable[[Path, str, str], Iterator[RawPair]]) -> Callable[..., Iterator[RawPair]]:
+    """A reader of an archive's extracted French catalogs of one format (plain French over regional variants),
+    each catalog a document named by its path without the suffix (a SuperTux world's `levels/world1/fr`, 0 A.D.'s
+    `mods/public/public.zip/l10n/fr.public-maps`, a Minetest mod's `locale/beds.fr`; a Qt catalog's contexts)."""
+
+    def pairs(files: Path, package: str) -> Iterator[RawPair]:
+        paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob(f"*{suffix}")], suffix)
+        return (raw for path in paths for raw in read(files / path, package, path.removesuffix(suffix)))
+
+    return pairs
 
 
-def _tr_pairs(files: Path, package: str) -> Iterator[RawPair]:
-    """The pairs of an archive's French Minetest translation files, each file (a mod's text domain) a document."""
-    paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob("*.tr")], ".tr")
-    return (raw for path in paths for raw in read_tr(files / path, package, path.removesuffix(".tr")))
-
-
-def _qm_pairs(files: Path, package: str) -> Iterator[RawPair]:
-    """The pairs of an archive's French Qt catalogs (plain French over regional variants), each context a document."""
-    paths = choose_catalogs([p.relative_to(files).as_posix() for p in files.rglob("*.qm")], ".qm")
-    return (raw for path in paths for raw in read_qm(files / path, package, path.removesuffix(".qm")))
+# reader: which members of a .deb it extracts, how it reads them, which zips inside the .deb it opens
+MEMBER_READERS: dict[str, tuple[Callable[[str], bool], Callable[[Path, str], Iterator[RawPair]], Callable | None]] = {
+    "po": (is_po_catalog, _catalogs(".po", read_catalog), is_zip),
+    "qm": (is_qm_catalog, _catalogs(".qm", read_qm), None),
+    "tr": (is_tr_catalog, _catalogs(".tr", read_tr), None),
+    "lng": (is_lng_file, lng_pairs, None),
+    "stringtable": (is_string_table, table_pairs, None),
+}
 
 
 def _descriptions(archive: Path, pin: Pin, others: list[Path]) -> Iterator[RawPair]:
