@@ -687,6 +687,14 @@ def make_deb(folder: Path, name: str, files: dict[str, str | bytes]) -> Path:
     return deb
 
 
+def build_training_only(tmp_path: Path, package: str, files: dict[str, str | bytes], reader: str) -> dict:
+    """Build a corpus of one .deb of `files` read by `reader`, in a training-only group; its stats."""
+    cache = tmp_path / "cache"
+    make_deb(cache, package, files)
+    group = Group("g", extra=True, reader=reader, holdout="none")
+    return build([Pin("deb", package, "1.0", "g")], BuildOptions(tmp_path / "out", cache, 1, 1, 1), {"g": group})
+
+
 @pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
 def test_build_pages_whose_french_build_is_another_package(tmp_path):
     page = '<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body>{}</body></html>'
@@ -804,15 +812,12 @@ def test_build_po_catalogs_inside_a_game_data_zip(tmp_path):
         archive.writestr("l10n/fr.public-tutorials.po", house)
         archive.writestr("l10n/de.public-maps.po", po.format(river, "Ein Fluss fließt."))
         archive.writestr("art/textures/stone.png", b"not text")
-    cache = tmp_path / "cache"
-    make_deb(cache, "game-data", {"usr/share/games/game/mods/public/public.zip": data.read_bytes()})
-    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
-    group = Group("history", extra=True, reader="po", holdout="none")
-    stats = build([Pin("deb", "game-data", "1.0", "history")], options, {"history": group})
-    assert stats["groups"]["history"]["train"] == 2
+    files: dict[str, str | bytes] = {"usr/share/games/game/mods/public/public.zip": data.read_bytes()}
+    stats = build_training_only(tmp_path, "game-data", files, "po")
+    assert stats["groups"]["g"]["train"] == 2
     train = (tmp_path / "out/train.fr").read_text(encoding="utf-8").splitlines()
     assert sorted(train) == ["Construis d'abord une maison.", "Une rivière traverse la vallée."]
-    extracted = cache / "extract-po/game-data_1.0_all/files/usr/share/games/game/mods/public/public.zip/l10n"
+    extracted = tmp_path / "cache/extract-po/game-data_1.0_all/files/usr/share/games/game/mods/public/public.zip/l10n"
     assert sorted(p.name for p in extracted.iterdir()) == ["fr.public-maps.po", "fr.public-tutorials.po"]
 
 
@@ -838,11 +843,7 @@ def test_build_minetest_translation_files(tmp_path):
         "usr/share/games/minetest/mods/home/locale/home.de.tr": "# textdomain: home\nSmall table=Kleiner Tisch\n",
         "usr/share/games/minetest/mods/home/locale/template.txt": "# textdomain: home\nSmall table=\n",
     }
-    cache = tmp_path / "cache"
-    make_deb(cache, "mod-home", files)
-    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
-    group = Group("mods", extra=True, reader="tr", holdout="none")
-    stats = build([Pin("deb", "mod-home", "1.0", "mods")], options, {"mods": group})
+    stats = build_training_only(tmp_path, "mod-home", files, "tr")
     assert stats["packages"]["mod-home"]["entries"] == 3
     assert stats["dropped"]["untranslated"] == 1
     train = (tmp_path / "out/train.fr").read_text(encoding="utf-8").splitlines()
@@ -864,11 +865,7 @@ def test_build_megaglest_language_files_paired_by_key(tmp_path):
         f"{root}/techs/pack/lang/pack_french.lng": "ArmorTypeName_wood=armure de bois\n",
         f"{root}/scenarios/lone/lone_french.lng": "Text=Un texte sans anglais\n",
     }
-    cache = tmp_path / "cache"
-    make_deb(cache, "glest-data", files)
-    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
-    group = Group("strategy", extra=True, reader="lng", holdout="none")
-    stats = build([Pin("deb", "glest-data", "1.0", "strategy")], options, {"strategy": group})
+    stats = build_training_only(tmp_path, "glest-data", files, "lng")
     assert stats["packages"]["glest-data"]["entries"] == 3
     train = (tmp_path / "out/train.fr").read_text(encoding="utf-8")
     assert "Quitter le jeu" in train and "armure de bois" in train and "Bienvenue dans le tutoriel." in train
@@ -905,11 +902,7 @@ def test_build_freeorion_string_tables_paired_by_key(tmp_path):
         "LINK\nConstruisez un [[buildingtype BLD_X]] ici.\n"
     )
     files = {f"{root}/en.txt": english, f"{root}/fr.txt": french, f"{root}/de.txt": "Deutsch\nSTAR\nStern\n"}
-    cache = tmp_path / "cache"
-    make_deb(cache, "space-data", files)
-    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
-    group = Group("space", extra=True, reader="stringtable", holdout="none")
-    stats = build([Pin("deb", "space-data", "1.0", "space")], options, {"space": group})
+    stats = build_training_only(tmp_path, "space-data", files, "stringtable")
     assert stats["packages"]["space-data"]["entries"] == 2
     train = dict(zip((tmp_path / "out/train.en").read_text(encoding="utf-8").splitlines(),
                      (tmp_path / "out/train.fr").read_text(encoding="utf-8").splitlines(), strict=True))  # fmt: skip
@@ -985,12 +978,8 @@ def test_build_qm_catalogs_plurals_sourceless_and_null_translations_left_out(tmp
         "usr/share/edu/translations/edu_de.qm": qm_catalog([{"translations": ["Hallo"], "source": "Hello there"}]),
         "usr/share/edu/extra/broken_fr.qm": b"not a catalog at all",
     }
-    cache = tmp_path / "cache"
-    make_deb(cache, "edu-data", files)
-    options = BuildOptions(tmp_path / "out", cache, 1, 1, 1)
-    group = Group("lessons", extra=True, reader="qm", holdout="none")
-    stats = build([Pin("deb", "edu-data", "1.0", "lessons")], options, {"lessons": group})
-    assert stats["groups"]["lessons"]["train"] == 4
+    stats = build_training_only(tmp_path, "edu-data", files, "qm")
+    assert stats["groups"]["g"]["train"] == 4
     assert stats["packages"]["edu-data"]["entries"] == 5  # four sentences and the null translation
     train = dict(zip((tmp_path / "out/train.en").read_text(encoding="utf-8").splitlines(),
                      (tmp_path / "out/train.fr").read_text(encoding="utf-8").splitlines(), strict=True))  # fmt: skip
