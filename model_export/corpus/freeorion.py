@@ -76,11 +76,11 @@ def read_table(path: Path) -> dict[str, str]:
 
 
 def table_pairs(files: Path, package: str) -> Iterator[RawPair]:
-    """The pairs of every French string table under `files` with the English one beside it, references expanded;
-    the English table's path (without `.txt`) is the document."""
+    """The pairs of every French string table extracted under `files` with the English one beside it, references
+    expanded; the English table's path (without `.txt`) is the document."""
     for french_path in sorted(files.rglob(FRENCH)):
         english_path = french_path.with_name(ENGLISH)
-        if not is_string_table(french_path.as_posix()) or not english_path.is_file():
+        if not english_path.is_file():
             continue
         english, french = read_table(english_path), read_table(french_path)
         document = english_path.relative_to(files).as_posix().removesuffix(".txt")

@@ -77,15 +77,15 @@ def parse_group(name: str, attributes: str, number: int) -> Group:
     reader, holdout = values.get("reader", "gettext"), values.get("holdout", "pairs")
     cap, general = values.get("cap"), values.get("general")
     counts = _count(cap, holdout != "pairs") and _count(general, holdout == "documents")
-    counts = counts and ("yields" not in values or holdout == "none")
-    if unknown or reader not in READERS or holdout not in HOLDOUTS or not counts:
+    yields = "yields" in values
+    if unknown or reader not in READERS or holdout not in HOLDOUTS or not counts or (yields and holdout != "none"):
         raise CorpusError(
             f"packages list line {number}: group [{name}] has bad attributes {attributes.strip()!r} (known: extra, "
             f"reader={'|'.join(READERS)}, holdout={'|'.join(HOLDOUTS)}, cap=N with holdout documents|none, "
             "general=N with holdout documents, yields with holdout none)"
         )
     number_or_none = {k: int(values[k]) if values.get(k) else None for k in ("cap", "general")}
-    return Group(name, "extra" in values, reader, holdout, **number_or_none, yields="yields" in values)
+    return Group(name, "extra" in values, reader, holdout, **number_or_none, yields=yields)
 
 
 def parse_pin(line: str, group: str, number: int) -> Pin:

@@ -35,7 +35,6 @@ class QmMessage:
 
     source: str | None = None
     context: str = ""
-    comment: str = ""
     translations: list[str] = field(default_factory=list)
 
 
@@ -81,6 +80,7 @@ def read_messages(data: bytes) -> Iterator[QmMessage]:
         elif tag == TAG_OBSOLETE1:
             pos += 4
         elif tag in (TAG_TRANSLATION, TAG_SOURCE, TAG_CONTEXT, TAG_COMMENT, TAG_SOURCE16, TAG_CONTEXT16):
+            # a comment (a disambiguation) and the old 16-bit fields are read past, not kept
             value, pos = _field(section, pos)
             if tag == TAG_TRANSLATION:
                 message.translations.append(value.decode("utf-16-be"))
@@ -88,8 +88,6 @@ def read_messages(data: bytes) -> Iterator[QmMessage]:
                 message.source = value.decode("utf-8")
             elif tag == TAG_CONTEXT:
                 message.context = value.decode("utf-8")
-            elif tag == TAG_COMMENT:
-                message.comment = value.decode("utf-8")
         else:
             raise QmFormatError(f"unknown message field tag {tag:#04x} at byte {pos - 1} of the Messages section")
 
