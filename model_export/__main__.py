@@ -99,6 +99,8 @@ TRAIN_KINDS = {"Path": Path, "Path | None": Path, "int": positive_int, "float": 
 TRAIN_HELP = {
     "init": "fine-tune: start from this checkpoint's weights and architecture (e.g. from `from-folder`), "
     "with a fresh optimizer; pair it with a lower --peak-lr and --warmup-steps",
+    "weigh": "copies of some groups' or packages' training pairs in each epoch, e.g. stories=3,flare-game=3 "
+    "(names as the corpus's stats.json has them)",
 }
 
 

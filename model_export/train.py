@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 import random
@@ -70,6 +71,9 @@ class TrainOptions:
     # fine-tuning: start from this checkpoint's weights (its architecture wins over the size options above) with a
     # fresh optimizer and schedule; a resumed run ignores it and carries on from its own last checkpoint
     init: Path | None = None
+    # weigh groups or packages up: "stories=3,quests=3" gives each of their training pairs 3 copies in an epoch
+    # (groups as the corpus's stats.json names them, packages as train.origin does)
+    weigh: str = ""
 
 
 @dataclass
@@ -110,6 +114,40 @@ def encode_split(corpus: Path, split: str, sp: spm.SentencePieceProcessor, opts:
             "raise --max-tokens-per-side or check the corpus"
         )
     return [sources[i] for i in keep], [targets[i] for i in keep], keep
+
+
+def parse_weights(text: str) -> dict[str, int]:
+    """'stories=3,quests=2' -> {"stories": 3, "quests": 2}: copies of each named group's or package's pairs."""
+    weights: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, copies = item.partition("=")
+        if not name or not copies.isdigit() or int(copies) < 1:
+            raise ExportError(f"--weigh {item!r}: write NAME=COPIES with COPIES a whole number from 1, e.g. stories=3")
+        weights[name.strip()] = int(copies)
+    return weights
+
+
+def pair_copies(corpus: Path, weights: dict[str, int], kept: list[int]) -> list[int]:
+    """How many copies of each kept training pair an epoch holds: the weight of its package, else of its group,
+    else 1 (train.origin names each pair's package; stats.json each package's group)."""
+    origin_path, stats_path = corpus / "train.origin", corpus / "stats.json"
+    if not origin_path.is_file() or not stats_path.is_file():
+        raise ExportError(f"--weigh needs {origin_path} and {stats_path}: a corpus that `corpus build` wrote")
+    groups = {name: entry["group"] for name, entry in json.loads(stats_path.read_text())["packages"].items()}
+    unknown = sorted(set(weights) - set(groups) - set(groups.values()))
+    if unknown:
+        raise ExportError(
+            f"--weigh: {', '.join(unknown)} is neither a group nor a package of {corpus} "
+            f"(its groups: {', '.join(sorted(set(groups.values())))})"
+        )
+    origins = read_lines(origin_path)
+    return [weights.get(origins[i], weights.get(groups.get(origins[i], ""), 1)) for i in kept]
+
+
+def weighed(sources: list[list[int]], targets: list[list[int]], copies: list[int]):
+    """The pairs with each repeated its number of copies (-> sources, targets)."""
+    order = [i for i, n in enumerate(copies) for _ in range(n)]
+    return [sources[i] for i in order], [targets[i] for i in order]
 
 
 def make_batches(sources: list[list[int]], targets: list[list[int]], batch_tokens: int, seed: int) -> list[list[int]]:
@@ -348,7 +386,9 @@ def train(opts: TrainOptions) -> Path:
     torch.set_num_threads(opts.threads)
     sp = spm.SentencePieceProcessor(model_file=str(opts.tokenizer))
     # 1. data: encode once, keep ids in memory
-    sources, targets, _ = encode_split(opts.corpus, "train", sp, opts)
+    sources, targets, kept = encode_split(opts.corpus, "train", sp, opts)
+    if opts.weigh:
+        sources, targets = weighed(sources, targets, pair_copies(opts.corpus, parse_weights(opts.weigh), kept))
     dev = encode_split(opts.corpus, "dev", sp, opts)
     log.info("train pairs: %d, dev pairs: %d", len(sources), len(dev[0]))
     # 2. model and optimizer, or the state of an interrupted run

@@ -1,6 +1,7 @@
 """The training command on a tiny corpus: it trains, evaluates, checkpoints, resumes where it stopped and
 writes an averaged final checkpoint that exports and serves."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,15 @@ import torch
 from model_export import checkpoint
 from model_export.errors import ExportError
 from model_export.export import export_folder
-from model_export.train import TrainOptions, initialised_from, learning_rate, make_batches, train
+from model_export.train import (
+    TrainOptions,
+    initialised_from,
+    learning_rate,
+    make_batches,
+    pair_copies,
+    parse_weights,
+    train,
+)
 from service.model.folder import load_model_folder
 from tests.factories import SENTENCES, train_sentencepiece
 
@@ -65,6 +74,41 @@ def test_batches_cover_every_pair_once_and_respect_the_token_budget() -> None:
         width = max(max(len(sources[i]), len(targets[i])) + 1 for i in batch)
         assert len(batch) == 1 or width * 2 * len(batch) <= 60
     assert batches == make_batches(sources, targets, batch_tokens=60, seed=1)  # same seed, same order
+
+
+def _built_corpus(corpus: Path, origins: list[str], groups: dict[str, str]) -> None:
+    """A corpus as `corpus build` writes it: train.origin and stats.json's package groups."""
+    (corpus / "train.origin").write_text("".join(o + "\n" for o in origins))
+    (corpus / "stats.json").write_text(json.dumps({"packages": {p: {"group": g} for p, g in groups.items()}}))
+
+
+def test_weighing_repeats_the_pairs_of_a_named_group_or_package(tmp_path: Path) -> None:
+    groups = {"wesnoth": "games", "gimp": "apps", "flare": "quests"}
+    _built_corpus(tmp_path, ["wesnoth", "gimp", "flare", "gimp"], groups)
+    # a package's weight wins over its group's; unnamed ones keep one copy; only kept lines count
+    assert pair_copies(tmp_path, {"games": 3, "quests": 2, "flare": 4}, [0, 1, 2, 3]) == [3, 1, 4, 1]
+    assert pair_copies(tmp_path, {"apps": 2}, [1, 2]) == [2, 1]
+    assert parse_weights(" stories=3, flare-game=2 ,") == {"stories": 3, "flare-game": 2}
+    for bad in ("stories", "stories=0", "stories=x", "=3"):
+        with pytest.raises(ExportError, match="NAME=COPIES"):
+            parse_weights(bad)
+    with pytest.raises(ExportError, match="neither a group nor a package.*its groups: apps, games, quests"):
+        pair_copies(tmp_path, {"storeis": 3}, [0])
+    (tmp_path / "train.origin").unlink()
+    with pytest.raises(ExportError, match="a corpus that `corpus build` wrote"):
+        pair_copies(tmp_path, {"games": 3}, [0])
+
+
+def test_a_weighed_run_trains_on_the_copies(options: TrainOptions, caplog: pytest.LogCaptureFixture) -> None:
+    lines = (options.corpus / "train.en").read_text().splitlines()
+    _built_corpus(options.corpus, ["a"] * (len(lines) - 1) + ["b"], {"a": "apps", "b": "games"})
+    weighed = TrainOptions(**{**vars(options), "weigh": "games=5", "max_steps": 1})
+    with caplog.at_level("INFO", logger="model_export.train"):
+        final = checkpoint.load(train(weighed))
+    assert f"train pairs: {len(lines) + 4}," in caplog.text  # the games pair 5 times
+    assert final.provenance["options"]["weigh"] == "games=5"
+    with pytest.raises(ExportError, match="neither a group nor a package"):
+        train(TrainOptions(**{**vars(options), "weigh": "stories=5", "out": options.out.parent / "other"}))
 
 
 def test_fine_tunes_from_a_checkpoint_keeping_its_architecture(options: TrainOptions, tmp_path: Path) -> None:
