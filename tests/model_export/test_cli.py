@@ -286,3 +286,16 @@ def test_the_cards_data_section_names_the_groups_to_rebuild_and_the_kinds_of_sou
     software = "\n".join(data_section(stats_of(pins[:1], Harvest(), software_splits, {})))
     assert "packages and PyPI wheels (`model_export/corpus/packages.txt`, groups apps), rebuilt offline by " \
         "`python -m model_export.corpus build`." in software  # fmt: skip
+
+
+def test_the_cards_training_section_says_which_pairs_were_weighed_up() -> None:
+    from types import SimpleNamespace
+
+    from model_export.card import training_section
+
+    def section(options: dict) -> str:
+        run = SimpleNamespace(provenance={"options": options}, training={"progress": {"step": 3}})
+        return "\n".join(training_section(run))
+
+    assert "`train --weigh stories=3,flare-game=2`" in section({"weigh": "stories=3,flare-game=2"})
+    assert "weighed" not in section({"weigh": ""}) and "weighed" not in section({})
