@@ -115,6 +115,11 @@ def parse_recipe(text: str) -> tuple[list[Pin], dict[str, Group]]:
         group_match = _GROUP_RE.match(line)
         if group_match:
             group = group_match.group(1)
+            if group in groups:  # e.g. a description's wrapped line that starts with "[name]"
+                raise CorpusError(
+                    f"packages list line {number}: group [{group}] starts a second time; give each group one "
+                    "header (and start no comment line with `[name]`)"
+                )
             groups[group] = parse_group(group, group_match.group(2), number)
         if not line or line.startswith("#"):
             continue

@@ -310,6 +310,8 @@ def test_parse_recipe():
     assert groups == {"ui": Group("ui"), "wheels": Group("wheels")}
     with pytest.raises(CorpusError, match="line 1"):
         parse_recipe("coreutils 9.1\n")
+    with pytest.raises(CorpusError, match="line 4: group \\[ui\\] starts a second time"):
+        parse_recipe("# [ui] user interface\ncoreutils=9.1-1\n# [games] x (not those of\n# [ui] ...)\nwesnoth=1\n")
 
 
 def test_shipped_recipe_holds_every_group_the_default_model_was_built_from():
