@@ -101,11 +101,12 @@ def training_section(checkpoint: Checkpoint) -> list[str]:
     options = checkpoint.provenance.get("options", {})
     hours = progress.get("seconds", 0) / 3600
     tuned = "initialised_from" in checkpoint.provenance
+    passes = progress.get("epoch", 0) + 1
     started = f"Fine-tuned (`train --init`) from {base_model(checkpoint)}: " if tuned else ""
     lines = [
         "## Training",
         "",
-        f"{started}{progress.get('step', 0):,} steps ({progress.get('epoch', 0) + 1} passes over the data begun), "
+        f"{started}{progress.get('step', 0):,} steps ({passes} pass{'es' if passes > 1 else ''} over the data begun), "
         f"{progress.get('tokens', 0):,} target tokens, {hours:.2f} hours of training on 2 CPU cores "
         f"({progress.get('tokens', 0) / max(progress.get('seconds', 1), 1):,.0f} target tokens/s), "
         f"Adam with {options.get('warmup_steps', '?')} warm-up steps to {options.get('peak_lr', '?')} and "
@@ -273,6 +274,9 @@ LIMITATIONS = [
     "- The domain is what the corpus holds: software strings, documentation (handbooks, help, manual pages) and",
     "  game text (interface, story, dialogue). Conversation, news, legal or medical prose lies outside it and",
     "  will translate worse: `python -m bench.everyday` scores 60 such sentences written outside the corpus.",
+    "- A source of made-up words (`Zzkx qwv plomb trazzle gnurf.`) comes back copied, nearly as written, with",
+    "  the high confidence of a copy: the calibration was fitted on real sentences, whose copies (names,",
+    "  identifiers, commands) are right.",
     "- Sentences are translated one at a time: no document context (gender and register across sentences).",
     "- A small model trained on two CPU cores (see Training): expect literal translations,",
     "  occasional omissions on long sentences, and English words left untranslated.",

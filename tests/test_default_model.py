@@ -61,14 +61,16 @@ def test_it_is_what_a_plain_start_serves(client: TestClient) -> None:
 def test_its_confidence_is_calibrated(client: TestClient) -> None:
     """Format 13: `model_export calibrate` fitted the confidence on both dev sets (software strings, and whole
     documents of documentation and games) pooled; a good translation is confident,
-    a garbled source is not, and the card reports the fit the manifest holds."""
+    a mangled one is not, and the card reports the fit the manifest holds."""
     [card] = client.get("/v1/models").json()["models"]
     confidence = card["confidence"]
     assert confidence["calibrated"] and confidence["method"] == "platt"
     assert confidence["fitted_on"]["split"] == "dev+dev.general"
-    q = ["Open the file.", "Xqzv blorf wuggle snarp quib frozzle."]
-    good, garbled = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["confidence"]
-    assert good > 0.7 > garbled
+    # a good translation is confident; a mangled one of a keyboard mash is not (a source of made-up words that the
+    # model copies gets a copy's confidence: the card's limitations say so)
+    q = ["Open the file.", "asdf qwer zxcv uiop hjkl."]
+    good, mashed = client.post("/translate", json={"q": q, "source": "en", "target": "fr"}).json()["confidence"]
+    assert good > 0.7 and mashed < 0.5
     assert f"sigmoid({confidence['a']:.4f} m + {confidence['b']:.4f})" in (DEFAULT / "README.md").read_text()
 
 
