@@ -37,6 +37,7 @@ _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=[A-ZÀ-Ý«\"“(])")
 #: (English marker, French marker, extension, the marker without its language) of each layout, specific first
 LAYOUTS = (
     ("/help/en-US/", "/help/fr/", ".html", "/help/"),  # LibreOffice's help
+    ("/help/en/", "/help/fr/", ".html", "/help/"),  # the GIMP help
     ("/en-US/", "/fr-FR/", ".html", "/"),  # Publican (debian-handbook)
     ("/help/C/", "/help/fr/", ".page", "/help/"),  # Mallard (GNOME help)
     (".en.html", ".fr.html", ".html", ".html"),  # DocBook pages named by language (debian-reference)

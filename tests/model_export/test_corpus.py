@@ -555,6 +555,18 @@ def test_read_documents_aligns_blocks_and_skips_unaligned_pages(tmp_path):
     assert not is_document_member("usr/share/help/de/guide/proxy.page")
 
 
+def test_each_layout_names_the_french_twin_of_an_english_page():
+    from model_export.corpus.documents import french_twins
+
+    assert french_twins("usr/share/gimp/2.0/help/en/filters-cartoon.html") == [
+        ("usr/share/gimp/2.0/help/fr/filters-cartoon.html", "usr/share/gimp/2.0/help/filters-cartoon")
+    ]
+    assert french_twins("usr/share/libreoffice/help/en-US/text/a.html")[0] == (  # the specific layout first
+        "usr/share/libreoffice/help/fr/text/a.html", "usr/share/libreoffice/help/text/a"
+    )
+    assert french_twins("usr/share/gimp/2.0/help/de/filters-cartoon.html") == []
+
+
 def test_read_documents_finds_the_french_build_in_another_package(tmp_path):
     english, french = tmp_path / "reference-en", tmp_path / "reference-fr"
     xhtml_page(english / "usr/share/reference/ch01.en.html", "<h1>Tutorials</h1>")
