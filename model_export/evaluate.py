@@ -5,7 +5,6 @@ as in the source. Knows the corpus layout; writes nothing but its report.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections import Counter
@@ -15,7 +14,7 @@ from pathlib import Path
 import sacrebleu
 from tqdm import tqdm
 
-from model_export.corpus import read_lines
+from model_export.corpus import line_origins, read_lines
 from model_export.corpus.clean import placeholders
 from model_export.errors import ExportError
 from service.engine import (
@@ -91,14 +90,13 @@ def read_split(corpus: Path, split: str, source: str, target: str) -> tuple[list
 def line_groups(corpus: Path, split: str, lines: int) -> list[str] | None:
     """Each line's corpus group (`corpus build` writes `<split>.origin`, a package a line, and stats.json's
     package -> group); None for a corpus without them (a user's own test set)."""
-    origin, stats = corpus / f"{split}.origin", corpus / "stats.json"
-    if not origin.is_file() or not stats.is_file():
+    found = line_origins(corpus, split)
+    if found is None:
         return None
-    packages = json.loads(stats.read_text(encoding="utf-8")).get("packages", {})
-    names = read_lines(origin)
-    if len(names) != lines or any(name not in packages for name in names):
+    names, group_of = found
+    if len(names) != lines or any(name not in group_of for name in names):
         return None  # not the build that wrote this split
-    return [packages[name]["group"] for name in names]
+    return [group_of[name] for name in names]
 
 
 def group_scores(groups: list[str], hypotheses: list[str], references: list[str]) -> dict[str, dict[str, float]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import math
 import random
@@ -26,6 +25,7 @@ from tqdm import tqdm
 from model_export import checkpoint as ckpt
 from model_export import reference
 from model_export.config import TransformerConfig
+from model_export.corpus import line_origins
 from model_export.corpus import read_lines as corpus_lines
 from model_export.corpus.tokenizer import RARE_FEWER_THAN, RARE_SHARE, rare_letters
 from model_export.errors import ExportError
@@ -130,17 +130,18 @@ def parse_weights(text: str) -> dict[str, int]:
 def pair_copies(corpus: Path, weights: dict[str, int], kept: list[int]) -> list[int]:
     """How many copies of each kept training pair an epoch holds: the weight of its package, else of its group,
     else 1 (train.origin names each pair's package; stats.json each package's group)."""
-    origin_path, stats_path = corpus / "train.origin", corpus / "stats.json"
-    if not origin_path.is_file() or not stats_path.is_file():
-        raise ExportError(f"--weigh needs {origin_path} and {stats_path}: a corpus that `corpus build` wrote")
-    groups = {name: entry["group"] for name, entry in json.loads(stats_path.read_text())["packages"].items()}
+    found = line_origins(corpus, "train")
+    if found is None:
+        raise ExportError(
+            f"--weigh needs {corpus / 'train.origin'} and {corpus / 'stats.json'}: a corpus that `corpus build` wrote"
+        )
+    origins, groups = found
     unknown = sorted(set(weights) - set(groups) - set(groups.values()))
     if unknown:
         raise ExportError(
             f"--weigh: {', '.join(unknown)} is neither a group nor a package of {corpus} "
             f"(its groups: {', '.join(sorted(set(groups.values())))})"
         )
-    origins = read_lines(origin_path)
     return [weights.get(origins[i], weights.get(groups.get(origins[i], ""), 1)) for i in kept]
 
 
